@@ -1,0 +1,254 @@
+/// Decodes and validates jobs in either encoding.
+///
+/// Every rejection is a `JobRejection` whose reason names the field and the problem; no input
+/// makes it trap. The payload is checked in place and kept as the producer's own bytes.
+public struct JobDecoder: Sendable {
+    public struct Limits: Sendable, Hashable {
+        /// Most tokens one fan-out job may carry. Default: 1000.
+        public var maximumTokensPerJob: Int
+        /// Largest record value accepted, in bytes, before anything is parsed. Default: 512 KiB.
+        public var maximumRecordBytes: Int
+        /// Deepest JSON nesting accepted anywhere in a job. Default: 64.
+        public var maximumDepth: Int
+
+        public init(maximumTokensPerJob: Int = 1000, maximumRecordBytes: Int = 512 * 1024, maximumDepth: Int = 64) {
+            self.maximumTokensPerJob = maximumTokensPerJob
+            self.maximumRecordBytes = maximumRecordBytes
+            self.maximumDepth = maximumDepth
+        }
+    }
+
+    /// The record header whose presence selects the header encoding.
+    public static let tokenHeader = "apns-token"
+
+    public var limits: Limits
+
+    public init(limits: Limits = Limits()) {
+        self.limits = limits
+    }
+
+    /// Decodes a record: the header encoding when it carries an `apns-token` header, the JSON
+    /// envelope otherwise.
+    public func decode(value: [UInt8], headers: [RecordHeader] = []) throws(JobRejection) -> NotificationJob {
+        if headers.contains(where: { $0.key == Self.tokenHeader }) {
+            return try decodeHeaderJob(headers: headers, payload: value)
+        }
+        return try decodeEnvelope(value)
+    }
+
+    // MARK: - Envelope
+
+    public func decodeEnvelope(_ bytes: [UInt8]) throws(JobRejection) -> NotificationJob {
+        guard !bytes.isEmpty else {
+            throw JobRejection("empty record: expected a JSON job envelope (or an apns-token header with a raw payload)")
+        }
+        try checkRecordSize(bytes.count)
+        var parser = JSONParser(bytes: bytes, maxDepth: limits.maximumDepth)
+        var fields = EnvelopeFields()
+        do {
+            try parser.beginObject()
+            var seen = Set<String>()
+            var first = true
+            while let key = try parser.nextKey(first: first) {
+                first = false
+                guard seen.insert(key).inserted else {
+                    throw EnvelopeError.rejection(JobRejection(field: key, "key \(JobRules.quoted(JobRules.clip(key))) appears more than once"))
+                }
+                switch key {
+                case "payload", "meta":
+                    // Kept as raw bytes: validated here, never decoded into a tree.
+                    let isObject = parser.peekSignificant() == UInt8(ascii: "{")
+                    let range = try parser.skipValueReturningRange()
+                    if key == "payload" {
+                        fields.payload = (range, isObject)
+                    } else {
+                        fields.meta = (range, isObject)
+                    }
+                default:
+                    let value = try parser.parseValue()
+                    if Self.envelopeKeys.contains(key) { fields.values[key] = value }
+                }
+            }
+            try parser.expectEnd()
+        } catch let error as JSONSyntaxError {
+            throw JobRejection(error.description)
+        } catch let error as EnvelopeError {
+            switch error { case .rejection(let rejection): throw rejection }
+        } catch {
+            throw JobRejection("\(error)")
+        }
+        return try fields.job(bytes: bytes, limits: limits)
+    }
+
+    static let envelopeKeys: Set<String> = [
+        "id", "tokens", "token", "topic", "push_type", "priority", "expiration", "collapse_id",
+        "environment", "app", "deadline",
+    ]
+
+    private enum EnvelopeError: Error { case rejection(JobRejection) }
+
+    private struct EnvelopeFields {
+        var values: [String: JSONValue] = [:]
+        var payload: (Range<Int>, Bool)?
+        var meta: (Range<Int>, Bool)?
+
+        /// The value of a key, treating an explicit `null` as absent.
+        func value(_ key: String) -> JSONValue? {
+            guard let value = values[key], value != .null else { return nil }
+            return value
+        }
+
+        func string(_ key: String) throws(JobRejection) -> String? {
+            guard let value = value(key) else { return nil }
+            guard case .string(let text) = value else {
+                throw JobRejection(field: key, "\(key) must be a string, got \(value.typeName)")
+            }
+            return text
+        }
+
+        func integer(_ key: String) throws(JobRejection) -> (Int64?, String)? {
+            guard let value = value(key) else { return nil }
+            guard case .number(let literal) = value else {
+                throw JobRejection(field: key, "\(key) must be an integer, got \(value.typeName)")
+            }
+            return (Int64(literal), literal)
+        }
+
+        func job(bytes: [UInt8], limits: Limits) throws(JobRejection) -> NotificationJob {
+            let tokens = try self.tokens(limits: limits)
+            guard let (payloadRange, payloadIsObject) = payload, bytes[payloadRange] != ArraySlice("null".utf8) else {
+                throw JobRejection(field: "payload", "payload is missing")
+            }
+            guard payloadIsObject else {
+                throw JobRejection(field: "payload", "payload must be a JSON object")
+            }
+            var job = NotificationJob(tokens: tokens, payload: RawJSON(bytes: bytes[payloadRange]))
+            if let id = try string("id") { job.id = try JobRules.identifier(id, field: "id") }
+            if let topic = try string("topic") { job.topic = try JobRules.topic(topic) }
+            if let pushType = try string("push_type") { job.pushType = try JobRules.pushType(pushType) }
+            if let (value, literal) = try integer("priority") { job.priority = try JobRules.priority(value, literal: literal) }
+            if let (value, literal) = try integer("expiration") { job.expiration = try JobRules.expiration(value, literal: literal) }
+            if let collapseID = try string("collapse_id") { job.collapseID = try JobRules.collapseID(collapseID) }
+            if let environment = try string("environment") { job.environment = try JobRules.environment(environment) }
+            if let app = try string("app") { job.app = try JobRules.identifier(app, field: "app") }
+            if let (value, literal) = try integer("deadline") { job.deadline = try JobRules.deadline(value, literal: literal) }
+            if let (metaRange, metaIsObject) = meta, bytes[metaRange] != ArraySlice("null".utf8) {
+                guard metaIsObject else { throw JobRejection(field: "meta", "meta must be a JSON object") }
+                guard metaRange.count <= JobRules.maximumMetaBytes else {
+                    throw JobRejection(field: "meta", "meta is \(metaRange.count) bytes; at most \(JobRules.maximumMetaBytes) are allowed")
+                }
+                job.meta = RawJSON(bytes: bytes[metaRange])
+            }
+            try JobRules.checkPayloadSize(job.payload.count, pushType: job.pushType ?? .voip)
+            return job
+        }
+
+        private func tokens(limits: Limits) throws(JobRejection) -> [DeviceToken] {
+            switch (value("tokens"), value("token")) {
+            case (.some, .some):
+                throw JobRejection(field: "tokens", "both token and tokens are given; use one")
+            case (nil, nil):
+                throw JobRejection(field: "tokens", "no device token: give token (a string) or tokens (an array of strings)")
+            case (nil, .some(let single)):
+                guard case .string(let text) = single else {
+                    throw JobRejection(field: "token", "token must be a string, got \(single.typeName)")
+                }
+                do { return [try DeviceToken(hex: text)] } catch { throw error.at("token") }
+            case (.some(let list), nil):
+                guard case .array(let elements) = list else {
+                    throw JobRejection(field: "tokens", "tokens must be an array of strings, got \(list.typeName)")
+                }
+                guard !elements.isEmpty else { throw JobRejection(field: "tokens", "tokens is empty") }
+                guard elements.count <= limits.maximumTokensPerJob else {
+                    throw JobRejection(field: "tokens", "\(elements.count) tokens in one job; at most \(limits.maximumTokensPerJob) are allowed")
+                }
+                var tokens: [DeviceToken] = []
+                tokens.reserveCapacity(elements.count)
+                var positions: [DeviceToken: Int] = [:]
+                for (index, element) in elements.enumerated() {
+                    guard case .string(let text) = element else {
+                        throw JobRejection(field: "tokens[\(index)]", "token must be a string, got \(element.typeName)")
+                    }
+                    let token: DeviceToken
+                    do { token = try DeviceToken(hex: text) } catch { throw error.at("tokens[\(index)]") }
+                    if let earlier = positions.updateValue(index, forKey: token) {
+                        throw JobRejection(field: "tokens[\(index)]", "token repeats tokens[\(earlier)]")
+                    }
+                    tokens.append(token)
+                }
+                return tokens
+            }
+        }
+    }
+
+    // MARK: - Headers + raw payload
+
+    public func decodeHeaderJob(headers: [RecordHeader], payload: [UInt8]) throws(JobRejection) -> NotificationJob {
+        var values: [String: String] = [:]
+        for header in headers where Self.headerKeys.contains(header.key) {
+            guard header.value != nil else {
+                throw JobRejection(field: "\(header.key) header", "header \(header.key) has no value")
+            }
+            guard let text = header.text else {
+                throw JobRejection(field: "\(header.key) header", "header \(header.key) is not valid UTF-8")
+            }
+            guard values.updateValue(text, forKey: header.key) == nil else {
+                throw JobRejection(field: "\(header.key) header", "header \(header.key) appears more than once")
+            }
+        }
+        guard let tokenText = values["apns-token"] else {
+            throw JobRejection(field: "apns-token header", "no device token: the apns-token header is missing")
+        }
+        let token: DeviceToken
+        do { token = try DeviceToken(hex: tokenText) } catch { throw error.at("apns-token header") }
+
+        guard !payload.isEmpty else {
+            throw JobRejection(field: "payload", "payload is empty: the record value must be the APNs payload JSON object")
+        }
+        try checkRecordSize(payload.count)
+        do {
+            try JSONParser.validateObject(payload, range: 0..<payload.count, maxDepth: limits.maximumDepth)
+        } catch {
+            throw JobRejection(field: "payload", error.description)
+        }
+        var job = NotificationJob(tokens: [token], payload: RawJSON(bytes: payload[...]), encoding: .headers)
+
+        func rule<T>(_ header: String, _ check: (String) throws(JobRejection) -> T) throws(JobRejection) -> T? {
+            guard let text = values[header] else { return nil }
+            do { return try check(text) } catch { throw error.at("\(header) header") }
+        }
+        job.topic = try rule("apns-topic", JobRules.topic)
+        job.pushType = try rule("apns-push-type", JobRules.pushType)
+        job.priority = try rule("apns-priority") { text throws(JobRejection) in try JobRules.priority(Int64(text), literal: text) }
+        job.expiration = try rule("apns-expiration") { text throws(JobRejection) in try JobRules.expiration(Int64(text), literal: text) }
+        job.collapseID = try rule("apns-collapse-id", JobRules.collapseID)
+        job.apnsID = try rule("apns-id", JobRules.apnsID)
+        job.id = try rule("job-id") { text throws(JobRejection) in try JobRules.identifier(text, field: "job-id") }
+        job.app = try rule("app") { text throws(JobRejection) in try JobRules.identifier(text, field: "app") }
+        if let metaText = values["meta"] {
+            let bytes = Array(metaText.utf8)
+            guard bytes.count <= JobRules.maximumMetaBytes else {
+                throw JobRejection(field: "meta header", "meta is \(bytes.count) bytes; at most \(JobRules.maximumMetaBytes) are allowed")
+            }
+            do {
+                try JSONParser.validateObject(bytes, range: 0..<bytes.count, maxDepth: limits.maximumDepth)
+            } catch {
+                throw JobRejection(field: "meta header", "meta must be a JSON object: \(error.description)")
+            }
+            job.meta = RawJSON(bytes: bytes[...])
+        }
+        try JobRules.checkPayloadSize(payload.count, pushType: job.pushType ?? .voip)
+        return job
+    }
+
+    static let headerKeys: Set<String> = [
+        "apns-token", "apns-topic", "apns-push-type", "apns-priority", "apns-expiration",
+        "apns-collapse-id", "apns-id", "job-id", "app", "meta",
+    ]
+
+    private func checkRecordSize(_ count: Int) throws(JobRejection) {
+        guard count <= limits.maximumRecordBytes else {
+            throw JobRejection("record is \(count) bytes; at most \(limits.maximumRecordBytes) are accepted")
+        }
+    }
+}

@@ -1,0 +1,24 @@
+/// Why a job can never be sent. Its `reason` text becomes the `invalid` result's `reason`
+/// and the DLQ copy's `dlq-reason` header, so it names the field and the problem precisely.
+public struct JobRejection: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The contract field at fault (`tokens[3]`, `payload`, `apns-topic` header), when there is one.
+    public var field: String?
+    public var message: String
+
+    public init(field: String? = nil, _ message: String) {
+        self.field = field
+        self.message = message
+    }
+
+    /// The same problem, attributed to a more precise field (for example `tokens[3]`).
+    func at(_ field: String) -> JobRejection {
+        JobRejection(field: field, message)
+    }
+
+    public var reason: String {
+        guard let field else { return message }
+        return "\(field): \(message)"
+    }
+
+    public var description: String { reason }
+}

@@ -1,0 +1,123 @@
+/// The field rules of the job contract, shared by both encodings so that a header job and an
+/// envelope job are judged alike and get the same reason text.
+public enum JobRules {
+    public static let maximumCollapseIDBytes = 64
+    public static let maximumMetaBytes = 1024
+    public static let maximumIdentifierBytes = 256
+
+    /// Topic: non-empty, no control characters.
+    public static func topic(_ text: String) throws(JobRejection) -> String {
+        try checkText(text, field: "topic", maximumBytes: maximumIdentifierBytes)
+        return text
+    }
+
+    public static func pushType(_ text: String) throws(JobRejection) -> PushType {
+        guard let value = PushType(rawValue: text) else {
+            throw JobRejection(field: "push_type", "unknown push type \(quoted(text)); expected one of \(PushType.allNames)")
+        }
+        return value
+    }
+
+    public static func priority(_ value: Int64?, literal: String) throws(JobRejection) -> NotificationPriority {
+        guard let value, let priority = NotificationPriority(rawValue: Int(value)) else {
+            throw JobRejection(field: "priority", "priority is \(clip(literal)); it must be 10, 5 or 1")
+        }
+        return priority
+    }
+
+    public static func expiration(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
+        guard let value, value >= 0 else {
+            throw JobRejection(field: "expiration", "expiration is \(clip(literal)); it must be a non-negative integer (unix seconds, 0 for now-or-never)")
+        }
+        return value
+    }
+
+    public static func deadline(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
+        guard let value, value >= 0 else {
+            throw JobRejection(field: "deadline", "deadline is \(clip(literal)); it must be a non-negative integer (unix seconds)")
+        }
+        return value
+    }
+
+    /// Collapse id: at most 64 bytes of UTF-8, no control characters (they could split headers).
+    public static func collapseID(_ text: String) throws(JobRejection) -> String {
+        let count = text.utf8.count
+        guard count <= maximumCollapseIDBytes else {
+            throw JobRejection(field: "collapse_id", "collapse id is \(count) bytes; at most \(maximumCollapseIDBytes) are allowed")
+        }
+        try checkText(text, field: "collapse_id", maximumBytes: maximumCollapseIDBytes)
+        return text
+    }
+
+    /// `apns-id`: a canonical UUID, 8-4-4-4-12 hex digits.
+    public static func apnsID(_ text: String) throws(JobRejection) -> String {
+        let utf8 = Array(text.utf8)
+        let hyphens: Set<Int> = [8, 13, 18, 23]
+        let wellFormed = utf8.count == 36 && utf8.indices.allSatisfy { index in
+            hyphens.contains(index) ? utf8[index] == UInt8(ascii: "-") : JSONParser.hexValue(utf8[index]) != nil
+        }
+        guard wellFormed else {
+            throw JobRejection(field: "apns_id", "apns-id \(quoted(clip(text))) is not a canonical UUID (8-4-4-4-12 hex digits)")
+        }
+        return text.lowercased()
+    }
+
+    public static func environment(_ text: String) throws(JobRejection) -> APNsEnvironment {
+        guard let value = APNsEnvironment(rawValue: text) else {
+            throw JobRejection(field: "environment", "unknown environment \(quoted(clip(text))); expected production or sandbox")
+        }
+        return value
+    }
+
+    public static func identifier(_ text: String, field: String) throws(JobRejection) -> String {
+        try checkText(text, field: field, maximumBytes: maximumIdentifierBytes)
+        return text
+    }
+
+    public static func checkPayloadSize(_ count: Int, pushType: PushType) throws(JobRejection) {
+        guard count <= pushType.maximumPayloadBytes else {
+            throw JobRejection(
+                field: "payload",
+                "payload is \(count) bytes; at most \(pushType.maximumPayloadBytes) are allowed for push type \(pushType.rawValue)"
+            )
+        }
+    }
+
+    static func checkText(_ text: String, field: String, maximumBytes: Int) throws(JobRejection) {
+        guard !text.isEmpty else { throw JobRejection(field: field, "\(field) is empty") }
+        let count = text.utf8.count
+        guard count <= maximumBytes else {
+            throw JobRejection(field: field, "\(field) is \(count) bytes; at most \(maximumBytes) are allowed")
+        }
+        for (offset, scalar) in text.unicodeScalars.enumerated() where scalar.value < 0x20 || scalar.value == 0x7F {
+            throw JobRejection(
+                field: field,
+                "\(field) contains control character U+\(String(scalar.value, radix: 16, uppercase: true).leftPadded(to: 4)) at position \(offset + 1)"
+            )
+        }
+    }
+
+    /// A value quoted for an error message, with anything unprintable escaped.
+    static func quoted(_ text: String) -> String {
+        var out = "\""
+        for scalar in text.unicodeScalars {
+            if scalar.value < 0x20 || scalar.value == 0x7F {
+                out += "\\u" + String(scalar.value, radix: 16).leftPadded(to: 4)
+            } else {
+                out.unicodeScalars.append(scalar)
+            }
+        }
+        return out + "\""
+    }
+
+    /// Long hostile values are cut in messages so that reasons stay readable.
+    static func clip(_ text: String, to limit: Int = 40) -> String {
+        text.count <= limit ? text : String(text.prefix(limit)) + "…"
+    }
+}
+
+extension String {
+    func leftPadded(to width: Int, with pad: Character = "0") -> String {
+        count >= width ? self : String(repeating: pad, count: width - count) + self
+    }
+}

@@ -1,0 +1,159 @@
+/// The `apns-push-type` values APNs accepts.
+public enum PushType: String, Sendable, CaseIterable, Hashable {
+    case alert, background, location, voip, complication, fileprovider, mdm, liveactivity, pushtotalk, widgets, controls
+
+    /// The largest payload APNs takes for this push type, in bytes.
+    public var maximumPayloadBytes: Int {
+        self == .voip ? 5120 : 4096
+    }
+
+    static let allNames = allCases.map(\.rawValue).joined(separator: ", ")
+}
+
+/// The `apns-priority` values APNs accepts.
+public enum NotificationPriority: Int, Sendable, CaseIterable, Hashable {
+    /// Send immediately.
+    case immediate = 10
+    /// Send at a time that considers the device's power.
+    case powerConsiderate = 5
+    /// Lowest priority, may be delayed a long time.
+    case low = 1
+}
+
+/// Which APNs environment a job or app talks to.
+public enum APNsEnvironment: String, Sendable, CaseIterable, Hashable {
+    case production, sandbox
+}
+
+/// Which of the two job encodings a record used.
+public enum JobEncoding: String, Sendable, Hashable {
+    /// A JSON envelope in the record value.
+    case envelope
+    /// Record headers plus the raw APNs payload as the record value.
+    case headers
+}
+
+/// A slice of JSON bytes kept exactly as the producer wrote them (the payload, `meta`).
+///
+/// Holding the bytes instead of a decoded tree is what lets the payload reach the wire
+/// without a decode and re-encode round trip.
+public struct RawJSON: Sendable, Hashable, CustomStringConvertible {
+    public let bytes: ArraySlice<UInt8>
+
+    public init(bytes: ArraySlice<UInt8>) {
+        self.bytes = bytes
+    }
+
+    public init(_ text: String) {
+        self.bytes = ArraySlice(text.utf8)
+    }
+
+    public var count: Int { bytes.count }
+
+    public var description: String { String(decoding: bytes, as: UTF8.self) }
+}
+
+/// A notification job as a producer published it, after syntax and rule validation.
+///
+/// Fields a producer may omit are optional here; `resolved(defaults:)` fills them from the
+/// app's configured defaults and applies the checks that depend on them.
+public struct NotificationJob: Sendable, Hashable {
+    public var id: String?
+    public var tokens: [DeviceToken]
+    public var topic: String?
+    public var pushType: PushType?
+    public var priority: NotificationPriority?
+    /// `apns-expiration`: unix seconds; 0 means "deliver now or never".
+    public var expiration: Int64?
+    public var collapseID: String?
+    /// `apns-id`, only from the header encoding (a fan-out job gets one id per notification).
+    public var apnsID: String?
+    public var payload: RawJSON
+    public var environment: APNsEnvironment?
+    public var app: String?
+    /// Unix seconds after which the job must not be sent.
+    public var deadline: Int64?
+    public var meta: RawJSON?
+    public var encoding: JobEncoding
+
+    public init(
+        id: String? = nil,
+        tokens: [DeviceToken],
+        topic: String? = nil,
+        pushType: PushType? = nil,
+        priority: NotificationPriority? = nil,
+        expiration: Int64? = nil,
+        collapseID: String? = nil,
+        apnsID: String? = nil,
+        payload: RawJSON,
+        environment: APNsEnvironment? = nil,
+        app: String? = nil,
+        deadline: Int64? = nil,
+        meta: RawJSON? = nil,
+        encoding: JobEncoding = .envelope
+    ) {
+        self.id = id
+        self.tokens = tokens
+        self.topic = topic
+        self.pushType = pushType
+        self.priority = priority
+        self.expiration = expiration
+        self.collapseID = collapseID
+        self.apnsID = apnsID
+        self.payload = payload
+        self.environment = environment
+        self.app = app
+        self.deadline = deadline
+        self.meta = meta
+        self.encoding = encoding
+    }
+}
+
+/// What an app's configuration supplies when a job leaves a field out.
+public struct JobDefaults: Sendable, Hashable {
+    public var topic: String?
+    public var pushType: PushType
+    public var priority: NotificationPriority
+    public var environment: APNsEnvironment
+
+    public init(
+        topic: String? = nil,
+        pushType: PushType = .alert,
+        priority: NotificationPriority = .immediate,
+        environment: APNsEnvironment = .production
+    ) {
+        self.topic = topic
+        self.pushType = pushType
+        self.priority = priority
+        self.environment = environment
+    }
+}
+
+/// A job with every field settled: what the APNs client needs to send it.
+public struct ResolvedJob: Sendable, Hashable {
+    public var job: NotificationJob
+    public var topic: String
+    public var pushType: PushType
+    public var priority: NotificationPriority
+    public var environment: APNsEnvironment
+}
+
+extension NotificationJob {
+    /// Fills omitted fields from the app's defaults and checks the rules that depend on them
+    /// (a topic must exist in the end; the payload limit depends on the push type).
+    public func resolved(defaults: JobDefaults, appName: String? = nil) throws(JobRejection) -> ResolvedJob {
+        guard let topic = topic ?? defaults.topic else {
+            let app = appName.map { " and app '\($0)' has no default topic" } ?? ""
+            throw JobRejection(field: "topic", "no topic: the job has none\(app)")
+        }
+        let pushType = pushType ?? defaults.pushType
+        try JobRules.checkPayloadSize(payload.count, pushType: pushType)
+        return ResolvedJob(
+            job: self,
+            topic: topic,
+            pushType: pushType,
+            priority: priority ?? defaults.priority,
+            environment: environment ?? defaults.environment
+        )
+    }
+}

@@ -1,0 +1,100 @@
+/// A point in time as milliseconds since the Unix epoch, the unit every contract uses.
+///
+/// Formatting to RFC 3339 is done by hand: results are written per notification and
+/// Foundation's date formatters are far too slow for that.
+public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertible {
+    public var value: Int64
+
+    public init(_ value: Int64) {
+        self.value = value
+    }
+
+    public init(seconds: Int64) {
+        self.value = seconds &* 1000
+    }
+
+    public var seconds: Int64 { value / 1000 }
+
+    public static func < (lhs: UnixMillis, rhs: UnixMillis) -> Bool { lhs.value < rhs.value }
+
+    /// `2026-11-22T10:00:00.123Z`.
+    public var rfc3339: String {
+        let millis = Int((value % 1000 + 1000) % 1000)
+        let totalSeconds = (value - Int64(millis)) / 1000
+        var days = totalSeconds / 86_400
+        var secondsOfDay = totalSeconds % 86_400
+        if secondsOfDay < 0 {
+            secondsOfDay += 86_400
+            days -= 1
+        }
+        let (year, month, day) = Self.civil(fromDays: days)
+        let hour = Int(secondsOfDay / 3600)
+        let minute = Int(secondsOfDay % 3600 / 60)
+        let second = Int(secondsOfDay % 60)
+        return "\(pad(year, 4))-\(pad(month, 2))-\(pad(day, 2))T\(pad(hour, 2)):\(pad(minute, 2)):\(pad(second, 2)).\(pad(millis, 3))Z"
+    }
+
+    /// Parses what `rfc3339` writes (UTC with `Z`, optional fraction of up to 9 digits).
+    public init?(rfc3339 text: String) {
+        let b = Array(text.utf8)
+        func number(_ range: Range<Int>) -> Int? {
+            guard range.upperBound <= b.count else { return nil }
+            var value = 0
+            for i in range {
+                guard b[i] >= 48 && b[i] <= 57 else { return nil }
+                value = value * 10 + Int(b[i] - 48)
+            }
+            return value
+        }
+        guard b.count >= 20, b[4] == UInt8(ascii: "-"), b[7] == UInt8(ascii: "-"), b[10] == UInt8(ascii: "T"),
+            b[13] == UInt8(ascii: ":"), b[16] == UInt8(ascii: ":"), b.last == UInt8(ascii: "Z"),
+            let year = number(0..<4), let month = number(5..<7), let day = number(8..<10),
+            let hour = number(11..<13), let minute = number(14..<16), let second = number(17..<19),
+            (1...12).contains(month), (1...31).contains(day), hour < 24, minute < 60, second < 61
+        else { return nil }
+        var millis = 0
+        if b[19] == UInt8(ascii: ".") {
+            let digits = b.count - 21
+            guard digits >= 1, digits <= 9, let fraction = number(20..<(b.count - 1)) else { return nil }
+            var scaled = fraction
+            for _ in stride(from: digits, to: 3, by: 1) { scaled *= 10 }
+            for _ in stride(from: 3, to: digits, by: 1) { scaled /= 10 }
+            millis = scaled
+        } else if b.count != 20 {
+            return nil
+        }
+        let days = Self.days(fromCivil: year, month, day)
+        let seconds = days * 86_400 + Int64(hour * 3600 + minute * 60 + second)
+        self.value = seconds * 1000 + Int64(millis)
+    }
+
+    public var description: String { rfc3339 }
+
+    // Howard Hinnant's days-from-civil algorithms (proleptic Gregorian calendar).
+    static func civil(fromDays z0: Int64) -> (Int, Int, Int) {
+        let z = z0 + 719_468
+        let era = (z >= 0 ? z : z - 146_096) / 146_097
+        let doe = z - era * 146_097
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365
+        let y = yoe + era * 400
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let d = doy - (153 * mp + 2) / 5 + 1
+        let m = mp < 10 ? mp + 3 : mp - 9
+        return (Int(m <= 2 ? y + 1 : y), Int(m), Int(d))
+    }
+
+    static func days(fromCivil year: Int, _ month: Int, _ day: Int) -> Int64 {
+        let y = Int64(month <= 2 ? year - 1 : year)
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yoe = y - era * 400
+        let m = Int64(month)
+        let doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + Int64(day) - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        return era * 146_097 + doe - 719_468
+    }
+
+    private func pad(_ value: Int, _ width: Int) -> String {
+        String(value).leftPadded(to: width)
+    }
+}

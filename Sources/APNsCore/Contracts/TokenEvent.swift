@@ -1,0 +1,85 @@
+/// A dead device token, published to the log-compacted `apns.token-events` topic.
+public struct TokenEvent: Sendable, Hashable {
+    public enum Source: String, Sendable, Hashable {
+        /// From an HTTP/2 result (410, BadDeviceToken, DeviceTokenNotForTopic).
+        case http2
+        /// From a tuple of the legacy feedback service.
+        case feedbackService = "feedback-service"
+    }
+
+    public var token: String
+    public var topic: String
+    public var app: String?
+    public var reason: String
+    /// Milliseconds since the epoch: APNs's 410 timestamp, the feedback tuple's time, or when
+    /// the rejection was seen.
+    public var invalidatedAt: Int64
+    public var source: Source
+    public var jobID: String?
+
+    public init(token: String, topic: String, app: String?, reason: String, invalidatedAt: Int64, source: Source, jobID: String? = nil) {
+        self.token = token
+        self.topic = topic
+        self.app = app
+        self.reason = reason
+        self.invalidatedAt = invalidatedAt
+        self.source = source
+        self.jobID = jobID
+    }
+
+    /// The record key, `<apns-topic>/<token>`, so compaction keeps the latest event per token and topic.
+    public var key: String { "\(topic)/\(token)" }
+
+    /// Reasons whose result makes the token dead.
+    public static let invalidatingReasons: Set<String> = [
+        APNsReason.unregistered.rawValue,
+        APNsReason.badDeviceToken.rawValue,
+        APNsReason.deviceTokenNotForTopic.rawValue,
+    ]
+
+    /// The event a result implies, if any: only APNs's own answers count (an `invalid` job
+    /// never reached APNs, so its reason says nothing about the token).
+    public init?(result: NotificationResult, observedAt: UnixMillis) {
+        guard result.outcome == .rejected, result.status != nil, let reason = result.reason,
+            Self.invalidatingReasons.contains(reason), let topic = result.topic
+        else { return nil }
+        self.init(
+            token: result.token,
+            topic: topic,
+            app: result.app,
+            reason: reason,
+            invalidatedAt: result.unregisteredAt ?? observedAt.value,
+            source: .http2,
+            jobID: result.jobID
+        )
+    }
+
+    public func encoded() -> [UInt8] {
+        var writer = JSONWriter(capacity: 256)
+        writer.beginObject()
+        writer.field("token", token)
+        writer.field("topic", topic)
+        writer.field("app", app)
+        writer.field("reason", reason)
+        writer.field("invalidated_at", invalidatedAt)
+        writer.field("source", source.rawValue)
+        writer.field("job_id", jobID)
+        writer.endObject()
+        return writer.bytes
+    }
+
+    public init(decoding bytes: [UInt8]) throws(ContractDecodingError) {
+        let object = try ContractObject(bytes, contract: "token event", rawKeys: [])
+        token = try object.requiredString("token")
+        topic = try object.requiredString("topic")
+        app = try object.optionalString("app")
+        reason = try object.requiredString("reason")
+        invalidatedAt = try object.requiredInt("invalidated_at")
+        let sourceText = try object.requiredString("source")
+        guard let source = Source(rawValue: sourceText) else {
+            throw ContractDecodingError(contract: "token event", field: "source", "unknown source \"\(sourceText)\"")
+        }
+        self.source = source
+        jobID = try object.optionalString("job_id")
+    }
+}
