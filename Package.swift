@@ -14,10 +14,14 @@
 
 import PackageDescription
 
-let strictSettings: [SwiftSetting] = [
-    .enableUpcomingFeature("ExistentialAny"),
-    .enableUpcomingFeature("MemberImportVisibility"),
-]
+// CI (`.ci/run`) sets WARNINGS_AS_ERRORS=1 so that no warning lands; local builds stay forgiving.
+let warningsAsErrors = Context.environment["WARNINGS_AS_ERRORS"] == "1"
+
+let strictSettings: [SwiftSetting] =
+    [
+        .enableUpcomingFeature("ExistentialAny"),
+        .enableUpcomingFeature("MemberImportVisibility"),
+    ] + (warningsAsErrors ? [.treatAllWarnings(as: .error)] : [])
 
 let package = Package(
     name: "apns-fleet",
@@ -66,12 +70,24 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // MARK: - Configuration
+
+        .target(
+            name: "APNsFleetConfig",
+            dependencies: [
+                "APNsCore",
+                .product(name: "Configuration", package: "swift-configuration"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Executable
 
         .executableTarget(
             name: "APNsFleetCLI",
             dependencies: [
                 "APNsCore",
+                "APNsFleetConfig",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -84,6 +100,11 @@ let package = Package(
         .testTarget(
             name: "APNsCoreTests",
             dependencies: ["APNsCore"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "APNsFleetConfigTests",
+            dependencies: ["APNsFleetConfig", "APNsCore"],
             swiftSettings: strictSettings
         ),
     ]

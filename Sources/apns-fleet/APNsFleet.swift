@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 
 /// The one `apns-fleet` binary. Each subcommand lives in `Commands/` and is a thin layer over
 /// the library modules, so that everything it does is also reachable from tests.
@@ -8,8 +9,8 @@ struct APNsFleet: AsyncParsableCommand {
         commandName: "apns-fleet",
         abstract: "Deliver Apple Push Notifications from Kafka at scale.",
         discussion: """
-            Producers publish notification jobs to Kafka; workers send them to APNs over HTTP/2 and
-            publish one result per notification. See the README for the contracts.
+            Producers publish notification jobs to Kafka; workers send them to APNs over HTTP/2 \
+            and publish one result per notification. See the README for the contracts.
 
             Example:
               apns-fleet validate-job jobs.jsonl
@@ -17,8 +18,43 @@ struct APNsFleet: AsyncParsableCommand {
         version: APNsFleetVersion.current,
         subcommands: [
             ValidateJobCommand.self,
+            KafkaDevCommand.self,
         ]
     )
+
+    /// Runs the command, mapping usage errors to exit status 2 (argument-parser's default is 64),
+    /// so that scripts can tell "you called me wrong" from "the input is invalid" (1).
+    static func main() async {
+        do {
+            var command = try parseAsRoot()
+            if var asyncCommand = command as? any AsyncParsableCommand {
+                try await asyncCommand.run()
+            } else {
+                try command.run()
+            }
+        } catch let error as UsageError {
+            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+            Foundation.exit(2)
+        } catch {
+            let code = exitCode(for: error)
+            let message = fullMessage(for: error)
+            if code == .success {
+                print(message)
+            } else if !message.isEmpty {
+                FileHandle.standardError.write(Data((message + "\n").utf8))
+            }
+            Foundation.exit(code == .validationFailure ? 2 : code.rawValue)
+        }
+    }
+}
+
+/// A usage problem found while running (an unreadable input file, say): exit status 2.
+struct UsageError: Error, CustomStringConvertible {
+    var description: String
+
+    init(_ description: String) {
+        self.description = description
+    }
 }
 
 enum APNsFleetVersion {

@@ -50,6 +50,11 @@ public struct JSONWriter {
         bytes.append(contentsOf: String(value).utf8)
     }
 
+    public mutating func field(_ key: String, _ value: Bool) {
+        writeKey(key)
+        appendLiteral(value ? "true" : "false")
+    }
+
     public mutating func field(_ key: String, _ value: Int?) {
         field(key, value.map(Int64.init))
     }

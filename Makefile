@@ -1,0 +1,61 @@
+# apns-fleet — the two commands a new user runs:
+#   make demo   run the main job on embedded defaults
+#   make test   build and run the test suite
+# Both install missing system packages first (Debian: apt-get, as root or through sudo).
+
+SHELL := /bin/bash
+SWIFT ?= swift
+
+# Libraries the build links against, and the tools the tests drive the product with.
+BUILD_PACKAGES := librdkafka-dev libnghttp2-dev libssl-dev pkg-config
+TEST_PACKAGES  := nghttp2-client kcat python3-aioapns python3-jsonschema
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all build release deps test-deps test demo clean config-reference help
+
+all: build
+
+help:
+	@echo "make demo    run the demo on embedded Kafka and the APNs simulator"
+	@echo "make test    build and run the tests (installs missing system packages)"
+	@echo "make build   debug build;  make release  release build"
+
+# Installs only what is absent, so a machine that has everything never touches apt.
+define install_missing
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+endef
+
+deps:
+	$(call install_missing,$(BUILD_PACKAGES))
+
+test-deps: deps
+	$(call install_missing,$(TEST_PACKAGES))
+	@python3 -c 'import jsonschema' 2>/dev/null || python3 -m pip install -q jsonschema
+
+build: deps
+	$(SWIFT) build
+
+release: deps
+	$(SWIFT) build -c release --product apns-fleet
+
+test: test-deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test --skip-build
+
+demo: deps
+	@echo "The demo is not there yet: 'apns-fleet demo' arrives with the demo issue (embedded Kafka,"
+	@echo "simulator, workers and a live summary). Today you can run 'make test', and check jobs with:"
+	@echo "  swift run apns-fleet validate-job --help"
+	@exit 1
+
+# Regenerates docs/configuration.md from the configuration code.
+config-reference:
+	python3 scripts/gen_config_reference.py
+
+clean:
+	rm -rf .build

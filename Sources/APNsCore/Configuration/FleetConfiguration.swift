@@ -1,0 +1,319 @@
+/// A secret value (a SASL password, a key password). It prints as `<redacted>` everywhere, so
+/// it cannot leak through logs, error messages or string interpolation by accident.
+public struct Secret: Sendable, Hashable, CustomStringConvertible, CustomDebugStringConvertible {
+    /// The secret itself; read it only where it is handed to the library that needs it.
+    public let revealed: String
+
+    public init(_ value: String) {
+        self.revealed = value
+    }
+
+    public var description: String { "<redacted>" }
+    public var debugDescription: String { "<redacted>" }
+}
+
+/// The whole configuration of an apns-fleet process, typed and validated.
+///
+/// Loaded by `APNsFleetConfig.ConfigurationLoader` from a file, the environment and flags;
+/// every key is documented in `docs/configuration.md`.
+public struct FleetConfiguration: Sendable {
+    public var kafka: KafkaSettings
+    public var topics: TopicNames
+    /// Credential sets, in the order configured. Jobs pick one with `app`.
+    public var apps: [AppConfiguration]
+    /// The app for jobs that name none and whose topic maps to no app. Default: the only app, if there is one.
+    public var defaultApp: String?
+    public var worker: WorkerSettings
+    public var retry: RetryPolicy
+    public var admin: AdminSettings
+
+    public init(
+        kafka: KafkaSettings = KafkaSettings(),
+        topics: TopicNames = TopicNames(),
+        apps: [AppConfiguration] = [],
+        defaultApp: String? = nil,
+        worker: WorkerSettings = WorkerSettings(),
+        retry: RetryPolicy = RetryPolicy(),
+        admin: AdminSettings = AdminSettings()
+    ) {
+        self.kafka = kafka
+        self.topics = topics
+        self.apps = apps
+        self.defaultApp = defaultApp
+        self.worker = worker
+        self.retry = retry
+        self.admin = admin
+    }
+
+    public func app(named name: String) -> AppConfiguration? {
+        apps.first(where: { $0.name == name })
+    }
+
+    /// Which app serves a job: its `app` field, else the app that lists its topic, else the
+    /// default app. The error names what was asked for.
+    public func app(for job: NotificationJob) throws(JobRejection) -> AppConfiguration {
+        if let name = job.app {
+            guard let app = app(named: name) else {
+                let known = apps.map(\.name).joined(separator: ", ")
+                throw JobRejection(field: "app", "unknown app \(JobRules.quoted(JobRules.clip(name))); configured apps: \(known.isEmpty ? "none" : known)")
+            }
+            return app
+        }
+        if let topic = job.topic, let app = apps.first(where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) {
+            return app
+        }
+        if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let app = app(named: name) {
+            return app
+        }
+        throw JobRejection(field: "app", "the job names no app, its topic maps to none, and no default app is configured")
+    }
+}
+
+public struct KafkaSettings: Sendable {
+    public enum SecurityProtocol: String, Sendable, CaseIterable {
+        case plaintext, ssl
+        case saslPlaintext = "sasl_plaintext"
+        case saslSSL = "sasl_ssl"
+
+        public var usesSASL: Bool { self == .saslPlaintext || self == .saslSSL }
+        public var usesTLS: Bool { self == .ssl || self == .saslSSL }
+    }
+
+    public enum SASLMechanism: String, Sendable, CaseIterable {
+        case plain = "PLAIN"
+        case scramSHA256 = "SCRAM-SHA-256"
+        case scramSHA512 = "SCRAM-SHA-512"
+    }
+
+    /// Default: `127.0.0.1:9092`.
+    public var bootstrapServers: String
+    /// Consumer group of the push workers. Default: `apns-fleet-push`.
+    public var groupID: String
+    /// Consumer group of the feedback worker. Default: `apns-fleet-feedback`.
+    public var feedbackGroupID: String
+    /// Default: plaintext.
+    public var securityProtocol: SecurityProtocol
+    public var saslMechanism: SASLMechanism?
+    public var saslUsername: String?
+    public var saslPassword: Secret?
+    public var sslCAFile: String?
+    public var sslCertificateFile: String?
+    public var sslKeyFile: String?
+    public var sslKeyPassword: Secret?
+    /// Extra librdkafka properties, passed through unchanged (they win over everything above).
+    public var properties: [String: String]
+
+    public init(
+        bootstrapServers: String = "127.0.0.1:9092",
+        groupID: String = "apns-fleet-push",
+        feedbackGroupID: String = "apns-fleet-feedback",
+        securityProtocol: SecurityProtocol = .plaintext,
+        saslMechanism: SASLMechanism? = nil,
+        saslUsername: String? = nil,
+        saslPassword: Secret? = nil,
+        sslCAFile: String? = nil,
+        sslCertificateFile: String? = nil,
+        sslKeyFile: String? = nil,
+        sslKeyPassword: Secret? = nil,
+        properties: [String: String] = [:]
+    ) {
+        self.bootstrapServers = bootstrapServers
+        self.groupID = groupID
+        self.feedbackGroupID = feedbackGroupID
+        self.securityProtocol = securityProtocol
+        self.saslMechanism = saslMechanism
+        self.saslUsername = saslUsername
+        self.saslPassword = saslPassword
+        self.sslCAFile = sslCAFile
+        self.sslCertificateFile = sslCertificateFile
+        self.sslKeyFile = sslKeyFile
+        self.sslKeyPassword = sslKeyPassword
+        self.properties = properties
+    }
+}
+
+/// Kafka topic names; DESIGN.md's defaults.
+public struct TopicNames: Sendable, Hashable {
+    public var jobs: String
+    public var retry: String
+    public var deadLetter: String
+    public var results: String
+    public var tokenEvents: String
+
+    public init(
+        jobs: String = "apns.jobs",
+        retry: String = "apns.jobs.retry",
+        deadLetter: String = "apns.jobs.dlq",
+        results: String = "apns.results",
+        tokenEvents: String = "apns.token-events"
+    ) {
+        self.jobs = jobs
+        self.retry = retry
+        self.deadLetter = deadLetter
+        self.results = results
+        self.tokenEvents = tokenEvents
+    }
+
+    public var all: [String] { [jobs, retry, deadLetter, results, tokenEvents] }
+}
+
+/// One credential set: a team's key or certificate, its topics and where its APNs is.
+public struct AppConfiguration: Sendable {
+    public enum Authentication: Sendable {
+        /// ES256 provider tokens from a .p8 key.
+        case token(keyFile: String, keyID: String, teamID: String)
+        /// TLS client certificate: PEM certificate and key, or a PKCS#12 bundle.
+        case certificate(CertificateSource)
+    }
+
+    public enum CertificateSource: Sendable {
+        case pem(certificateFile: String, privateKeyFile: String, password: Secret?)
+        case pkcs12(file: String, password: Secret?)
+    }
+
+    /// Where APNs is. Production and sandbox always verify Apple's certificate against the
+    /// system roots; a custom endpoint (a simulator) verifies against its own CA file.
+    public enum Endpoint: Sendable, Hashable {
+        case production
+        case sandbox
+        case custom(host: String, port: Int, caFile: String?)
+
+        public var host: String {
+            switch self {
+            case .production: "api.push.apple.com"
+            case .sandbox: "api.sandbox.push.apple.com"
+            case .custom(let host, _, _): host
+            }
+        }
+
+        public var port: Int {
+            switch self {
+            case .production, .sandbox: 443
+            case .custom(_, let port, _): port
+            }
+        }
+    }
+
+    public enum TransportProtocol: String, Sendable, CaseIterable {
+        case http2
+        /// The legacy binary interface (gateway port 2195), certificate auth only.
+        case binary
+    }
+
+    public var name: String
+    public var authentication: Authentication
+    public var defaults: JobDefaults
+    /// Topics this app serves; jobs on these topics without `app` are routed here.
+    public var topics: [String]
+    public var endpoint: Endpoint
+    /// Long-lived connections per worker to this app's APNs. Default: 2.
+    public var connections: Int
+    public var transport: TransportProtocol
+    /// The legacy binary gateway and feedback service, for `transport: binary` and feedback polling.
+    public var legacyGateway: LegacyEndpoint?
+    public var legacyFeedback: LegacyEndpoint?
+
+    public init(
+        name: String,
+        authentication: Authentication,
+        defaults: JobDefaults = JobDefaults(),
+        topics: [String] = [],
+        endpoint: Endpoint = .production,
+        connections: Int = 2,
+        transport: TransportProtocol = .http2,
+        legacyGateway: LegacyEndpoint? = nil,
+        legacyFeedback: LegacyEndpoint? = nil
+    ) {
+        self.name = name
+        self.authentication = authentication
+        self.defaults = defaults
+        self.topics = topics
+        self.endpoint = endpoint
+        self.connections = connections
+        self.transport = transport
+        self.legacyGateway = legacyGateway
+        self.legacyFeedback = legacyFeedback
+    }
+}
+
+/// A host and port of the legacy binary interface, with TLS or (for local tests) without.
+public struct LegacyEndpoint: Sendable, Hashable {
+    public var host: String
+    public var port: Int
+    public var tls: Bool
+    public var caFile: String?
+
+    public init(host: String, port: Int, tls: Bool = true, caFile: String? = nil) {
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.caFile = caFile
+    }
+}
+
+public struct WorkerSettings: Sendable {
+    /// Written into every result's `worker`. Default: `worker-<hostname>-<pid>`.
+    public var id: String?
+    /// Notifications in flight per worker; 0 sizes it from the pool's streams. Default: 0.
+    public var maxInFlight: Int
+    /// Tokens one fan-out job may carry. Default: 1000.
+    public var maxTokensPerJob: Int
+    /// How long SIGTERM waits for in-flight work before giving up. Default: 25 s.
+    public var drainTimeoutSeconds: Double
+    /// How long one APNs request may take before it counts as failed. Default: 10 s.
+    public var requestTimeoutSeconds: Double
+
+    public init(
+        id: String? = nil,
+        maxInFlight: Int = 0,
+        maxTokensPerJob: Int = 1000,
+        drainTimeoutSeconds: Double = 25,
+        requestTimeoutSeconds: Double = 10
+    ) {
+        self.id = id
+        self.maxInFlight = maxInFlight
+        self.maxTokensPerJob = maxTokensPerJob
+        self.drainTimeoutSeconds = drainTimeoutSeconds
+        self.requestTimeoutSeconds = requestTimeoutSeconds
+    }
+}
+
+/// Exponential backoff with jitter, first in process, then through the retry topic.
+public struct RetryPolicy: Sendable, Hashable {
+    /// Attempts made in process before a job goes to the retry topic. Default: 3.
+    public var inProcessAttempts: Int
+    /// Attempts in all before the result is `failed`. Default: 8.
+    public var maxAttempts: Int
+    /// Default: 100 ms.
+    public var baseDelayMilliseconds: Int
+    /// Default: 60 000 ms.
+    public var maxDelayMilliseconds: Int
+
+    public init(inProcessAttempts: Int = 3, maxAttempts: Int = 8, baseDelayMilliseconds: Int = 100, maxDelayMilliseconds: Int = 60_000) {
+        self.inProcessAttempts = inProcessAttempts
+        self.maxAttempts = maxAttempts
+        self.baseDelayMilliseconds = baseDelayMilliseconds
+        self.maxDelayMilliseconds = maxDelayMilliseconds
+    }
+
+    /// The delay before attempt `attempt + 1`: base·2^(attempt-1), capped, with "full jitter"
+    /// (uniform in [delay/2, delay]) so that a fleet does not retry in lockstep.
+    public func delayMilliseconds(afterAttempt attempt: Int, jitter unit: Double) -> Int {
+        let exponent = min(max(attempt - 1, 0), 30)
+        let raw = min(Double(baseDelayMilliseconds) * Double(1 << exponent), Double(maxDelayMilliseconds))
+        let clampedUnit = min(max(unit, 0), 1)
+        return Int(raw / 2 + raw / 2 * clampedUnit)
+    }
+}
+
+public struct AdminSettings: Sendable, Hashable {
+    /// Default: 127.0.0.1, so metrics are not exposed beyond the host unless asked.
+    public var host: String
+    /// Default: 9464.
+    public var port: Int
+
+    public init(host: String = "127.0.0.1", port: Int = 9464) {
+        self.host = host
+        self.port = port
+    }
+}

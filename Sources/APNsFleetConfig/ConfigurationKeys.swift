@@ -1,0 +1,85 @@
+/// One documented configuration key. The catalogue below is the single source of truth: the
+/// decoder reads these keys, and a test checks that `docs/configuration.md` documents each.
+public struct ConfigurationKey: Sendable, Hashable {
+    public var name: String
+    public var type: String
+    public var defaultValue: String
+    public var summary: String
+    public var isSecret: Bool
+
+    init(_ name: String, _ type: String, _ defaultValue: String, _ summary: String, secret: Bool = false) {
+        self.name = name
+        self.type = type
+        self.defaultValue = defaultValue
+        self.summary = summary
+        self.isSecret = secret
+    }
+
+    /// The environment variable that sets this key (`<name>` stays a placeholder for app keys).
+    public var environmentName: String {
+        ConfigurationLoader.environmentName(for: name)
+    }
+}
+
+public enum ConfigurationKeys {
+    public static let all: [ConfigurationKey] = [
+        // Kafka
+        .init("kafka.bootstrap-servers", "string", "127.0.0.1:9092", "Comma-separated Kafka brokers."),
+        .init("kafka.group-id", "string", "apns-fleet-push", "Consumer group of the push workers."),
+        .init("kafka.feedback-group-id", "string", "apns-fleet-feedback", "Consumer group of the feedback worker."),
+        .init("kafka.security-protocol", "plaintext | ssl | sasl_plaintext | sasl_ssl", "plaintext", "How clients talk to the brokers."),
+        .init("kafka.sasl.mechanism", "PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512", "(none)", "SASL mechanism; required with a sasl_* protocol."),
+        .init("kafka.sasl.username", "string", "(none)", "SASL user name."),
+        .init("kafka.sasl.password", "secret string", "(none)", "SASL password; prefer kafka.sasl.password-file.", secret: true),
+        .init("kafka.sasl.password-file", "path", "(none)", "File whose contents (trailing newline removed) are the SASL password."),
+        .init("kafka.ssl.ca-file", "path", "(system roots)", "CA bundle that signs the brokers' certificates."),
+        .init("kafka.ssl.certificate-file", "path", "(none)", "Client certificate (PEM) for mutual TLS with the brokers."),
+        .init("kafka.ssl.key-file", "path", "(none)", "Client private key (PEM) for mutual TLS with the brokers."),
+        .init("kafka.ssl.key-password", "secret string", "(none)", "Password of kafka.ssl.key-file.", secret: true),
+        .init("kafka.properties", "list of name=value", "(none)", "Extra librdkafka properties, passed through; they win over the keys above."),
+        // Topics
+        .init("topics.jobs", "string", "apns.jobs", "Input topic of notification jobs."),
+        .init("topics.retry", "string", "apns.jobs.retry", "Delayed retries."),
+        .init("topics.dlq", "string", "apns.jobs.dlq", "Jobs that can never be sent, as the original bytes."),
+        .init("topics.results", "string", "apns.results", "One result per notification."),
+        .init("topics.token-events", "string", "apns.token-events", "Dead tokens (log-compacted)."),
+        // Apps
+        .init("apps", "list of names", "(none)", "The credential sets; each name has the app.<name>.* keys below."),
+        .init("default-app", "string", "(the only app)", "App for jobs that name none and whose topic maps to none."),
+        .init("app.<name>.auth", "token | certificate", "token", "How this app authenticates to APNs."),
+        .init("app.<name>.key-file", "path", "(required for token)", "The .p8 signing key (ES256). Never logged; warned about when world-readable."),
+        .init("app.<name>.key-id", "10 characters", "(required for token)", "The key's id (JWT kid)."),
+        .init("app.<name>.team-id", "10 characters", "(required for token)", "The developer team id (JWT iss)."),
+        .init("app.<name>.certificate-file", "path", "(none)", "Client certificate, PEM (certificate auth)."),
+        .init("app.<name>.private-key-file", "path", "(none)", "Client private key, PEM (certificate auth)."),
+        .init("app.<name>.pkcs12-file", "path", "(none)", "Client certificate and key as PKCS#12 (certificate auth)."),
+        .init("app.<name>.certificate-password", "secret string", "(none)", "Password of the PEM key or PKCS#12 bundle.", secret: true),
+        .init("app.<name>.topic", "string", "(none)", "Default apns-topic for this app's jobs."),
+        .init("app.<name>.topics", "list of strings", "(none)", "Topics routed to this app when a job names no app."),
+        .init("app.<name>.push-type", "push type", "alert", "Default apns-push-type."),
+        .init("app.<name>.priority", "10 | 5 | 1", "10", "Default apns-priority."),
+        .init("app.<name>.environment", "production | sandbox | custom", "production", "Which APNs: Apple's production or sandbox, or a custom host (a simulator)."),
+        .init("app.<name>.host", "string", "(required for custom)", "APNs host for environment custom."),
+        .init("app.<name>.port", "integer", "443", "APNs port for environment custom."),
+        .init("app.<name>.ca-file", "path", "(system roots)", "CA that signs the custom host's certificate. TLS verification is never off."),
+        .init("app.<name>.connections", "1-64", "2", "Long-lived HTTP/2 connections per worker for this app."),
+        .init("app.<name>.protocol", "http2 | binary", "http2", "Transport: the HTTP/2 provider API, or the legacy binary interface (certificate auth)."),
+        .init("app.<name>.legacy-gateway", "host:port", "(by environment)", "Legacy binary gateway, for protocol binary."),
+        .init("app.<name>.legacy-feedback", "host:port", "(by environment)", "Legacy feedback service, polled by the feedback worker."),
+        .init("app.<name>.legacy-tls", "bool", "true", "Whether the legacy endpoints use TLS (false only for local tests)."),
+        // Worker
+        .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field."),
+        .init("worker.max-in-flight", "integer", "0 (from streams)", "Notifications in flight per worker; 0 sizes it from the pool's streams."),
+        .init("worker.max-tokens-per-job", "integer", "1000", "Most tokens one fan-out job may carry."),
+        .init("worker.drain-timeout-seconds", "number", "25", "How long SIGTERM waits for in-flight work."),
+        .init("worker.request-timeout-seconds", "number", "10", "Deadline of one APNs request."),
+        // Retry
+        .init("retry.in-process-attempts", "integer", "3", "Attempts in process before the retry topic."),
+        .init("retry.max-attempts", "integer", "8", "Attempts in all before the result is failed."),
+        .init("retry.base-delay-ms", "integer", "100", "First backoff delay."),
+        .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay."),
+        // Admin
+        .init("admin.host", "string", "127.0.0.1", "Address of /metrics, /healthz and /readyz."),
+        .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz."),
+    ]
+}

@@ -1,0 +1,96 @@
+import APNsCore
+import Configuration
+import SystemPackage
+
+/// A configuration problem found at start, naming the key and what is wrong with it.
+/// Secret values are never part of the message.
+public struct ConfigurationError: Error, Sendable, Hashable, CustomStringConvertible {
+    public var key: String?
+    public var problem: String
+
+    public init(key: String?, _ problem: String) {
+        self.key = key
+        self.problem = problem
+    }
+
+    public var description: String {
+        guard let key else { return "configuration: \(problem)" }
+        return "configuration key '\(key)': \(problem)"
+    }
+}
+
+/// Reads `FleetConfiguration` from, in order of precedence:
+///
+/// 1. flags (`--set key=value`, and the dedicated flags of each subcommand),
+/// 2. environment variables: the key upper-cased, `.` and `-` as `_`, prefixed `APNS_FLEET_`
+///    (`kafka.bootstrap-servers` → `APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS`),
+/// 3. the configuration file (`--config`, YAML or JSON, by extension),
+/// 4. the defaults documented on each key in `ConfigurationKeys`.
+public struct ConfigurationLoader: Sendable {
+    public static let environmentPrefix = "APNS_FLEET_"
+
+    public var filePath: String?
+    public var environment: [String: String]
+    /// `key=value` pairs from the command line.
+    public var overrides: [String]
+
+    public init(filePath: String? = nil, environment: [String: String] = [:], overrides: [String] = []) {
+        self.filePath = filePath
+        self.environment = environment
+        self.overrides = overrides
+    }
+
+    public func load() async throws(ConfigurationError) -> FleetConfiguration {
+        let reader = try await makeReader()
+        return try FleetConfigurationDecoder(reader: reader).decode()
+    }
+
+    /// Environment variable name for a configuration key.
+    public static func environmentName(for key: String) -> String {
+        environmentPrefix + bareEnvironmentName(for: key)
+    }
+
+    static func bareEnvironmentName(for key: String) -> String {
+        String(key.uppercased().map { $0 == "." || $0 == "-" ? "_" : $0 })
+    }
+
+    private func makeReader() async throws(ConfigurationError) -> ConfigReader {
+        var providers: [any ConfigProvider] = []
+
+        var flagValues: [String: String] = [:]
+        for pair in overrides {
+            guard let equals = pair.firstIndex(of: "="), equals != pair.startIndex else {
+                throw ConfigurationError(key: nil, "--set expects key=value, got \"\(pair.prefix(60))\"")
+            }
+            let key = String(pair[..<equals])
+            flagValues[Self.bareEnvironmentName(for: key)] = String(pair[pair.index(after: equals)...])
+        }
+        // Both flag and environment values are strings parsed by the same rules, so a flag and
+        // its environment variable always mean the same thing.
+        providers.append(EnvironmentVariablesProvider(environmentVariables: flagValues, secretsSpecifier: .all))
+
+        var prefixed: [String: String] = [:]
+        for (name, value) in environment where name.hasPrefix(Self.environmentPrefix) {
+            prefixed[String(name.dropFirst(Self.environmentPrefix.count))] = value
+        }
+        providers.append(EnvironmentVariablesProvider(environmentVariables: prefixed, secretsSpecifier: .all))
+
+        if let filePath {
+            let lower = filePath.lowercased()
+            do {
+                if lower.hasSuffix(".yaml") || lower.hasSuffix(".yml") {
+                    providers.append(try await FileProvider<YAMLSnapshot>(filePath: FilePath(filePath)))
+                } else if lower.hasSuffix(".json") {
+                    providers.append(try await FileProvider<JSONSnapshot>(filePath: FilePath(filePath)))
+                } else {
+                    throw ConfigurationError(key: nil, "config file \(filePath) must end in .yaml, .yml or .json")
+                }
+            } catch let error as ConfigurationError {
+                throw error
+            } catch {
+                throw ConfigurationError(key: nil, "cannot read config file \(filePath): \(error)")
+            }
+        }
+        return ConfigReader(providers: providers)
+    }
+}

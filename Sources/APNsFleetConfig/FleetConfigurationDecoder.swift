@@ -1,0 +1,301 @@
+import APNsCore
+import Configuration
+
+/// Turns configuration keys into a validated `FleetConfiguration`. Every problem names its key.
+struct FleetConfigurationDecoder {
+    let reader: ConfigReader
+
+    func decode() throws(ConfigurationError) -> FleetConfiguration {
+        var configuration = FleetConfiguration()
+        configuration.kafka = try kafka()
+        configuration.topics = TopicNames(
+            jobs: try name("topics.jobs", default: configuration.topics.jobs),
+            retry: try name("topics.retry", default: configuration.topics.retry),
+            deadLetter: try name("topics.dlq", default: configuration.topics.deadLetter),
+            results: try name("topics.results", default: configuration.topics.results),
+            tokenEvents: try name("topics.token-events", default: configuration.topics.tokenEvents)
+        )
+        let names = try stringList("apps")
+        var seen = Set<String>()
+        for appName in names {
+            guard !appName.isEmpty, appName.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" }) else {
+                throw ConfigurationError(key: "apps", "app name \"\(appName.prefix(40))\" may only use letters, digits, - and _")
+            }
+            guard seen.insert(appName).inserted else {
+                throw ConfigurationError(key: "apps", "app \(appName) is listed twice")
+            }
+            configuration.apps.append(try app(appName))
+        }
+        configuration.defaultApp = try string("default-app")
+        if let defaultApp = configuration.defaultApp, !seen.contains(defaultApp) {
+            throw ConfigurationError(key: "default-app", "names app \(defaultApp), which is not in apps")
+        }
+        configuration.worker = WorkerSettings(
+            id: try string("worker.id"),
+            maxInFlight: try int("worker.max-in-flight", default: 0, range: 0...1_000_000),
+            maxTokensPerJob: try int("worker.max-tokens-per-job", default: 1000, range: 1...100_000),
+            drainTimeoutSeconds: try double("worker.drain-timeout-seconds", default: 25, range: 0...3600),
+            requestTimeoutSeconds: try double("worker.request-timeout-seconds", default: 10, range: 0.1...600)
+        )
+        configuration.retry = RetryPolicy(
+            inProcessAttempts: try int("retry.in-process-attempts", default: 3, range: 1...100),
+            maxAttempts: try int("retry.max-attempts", default: 8, range: 1...1000),
+            baseDelayMilliseconds: try int("retry.base-delay-ms", default: 100, range: 1...3_600_000),
+            maxDelayMilliseconds: try int("retry.max-delay-ms", default: 60_000, range: 1...86_400_000)
+        )
+        if configuration.retry.inProcessAttempts > configuration.retry.maxAttempts {
+            throw ConfigurationError(key: "retry.in-process-attempts", "is larger than retry.max-attempts (\(configuration.retry.maxAttempts))")
+        }
+        configuration.admin = AdminSettings(
+            host: try name("admin.host", default: "127.0.0.1"),
+            port: try int("admin.port", default: 9464, range: 0...65535)
+        )
+        return configuration
+    }
+
+    // MARK: - Sections
+
+    private func kafka() throws(ConfigurationError) -> KafkaSettings {
+        var kafka = KafkaSettings()
+        kafka.bootstrapServers = try name("kafka.bootstrap-servers", default: kafka.bootstrapServers)
+        kafka.groupID = try name("kafka.group-id", default: kafka.groupID)
+        kafka.feedbackGroupID = try name("kafka.feedback-group-id", default: kafka.feedbackGroupID)
+        kafka.securityProtocol = try choice("kafka.security-protocol", default: .plaintext)
+        kafka.saslMechanism = try optionalChoice("kafka.sasl.mechanism")
+        kafka.saslUsername = try string("kafka.sasl.username")
+        kafka.saslPassword = try secret("kafka.sasl.password")
+        if let file = try string("kafka.sasl.password-file") {
+            guard kafka.saslPassword == nil else {
+                throw ConfigurationError(key: "kafka.sasl.password-file", "give kafka.sasl.password or kafka.sasl.password-file, not both")
+            }
+            kafka.saslPassword = try SecretFile.read(file, key: "kafka.sasl.password-file")
+        }
+        if kafka.securityProtocol.usesSASL {
+            guard kafka.saslMechanism != nil else {
+                throw ConfigurationError(key: "kafka.sasl.mechanism", "is required with security protocol \(kafka.securityProtocol.rawValue)")
+            }
+            guard kafka.saslUsername != nil, kafka.saslPassword != nil else {
+                throw ConfigurationError(key: "kafka.sasl.username", "SASL needs kafka.sasl.username and a password")
+            }
+        }
+        kafka.sslCAFile = try string("kafka.ssl.ca-file")
+        kafka.sslCertificateFile = try string("kafka.ssl.certificate-file")
+        kafka.sslKeyFile = try string("kafka.ssl.key-file")
+        kafka.sslKeyPassword = try secret("kafka.ssl.key-password")
+        for entry in try stringList("kafka.properties") {
+            guard let equals = entry.firstIndex(of: "="), equals != entry.startIndex else {
+                throw ConfigurationError(key: "kafka.properties", "entries are name=value, got \"\(entry.prefix(40))\"")
+            }
+            kafka.properties[String(entry[..<equals])] = String(entry[entry.index(after: equals)...])
+        }
+        return kafka
+    }
+
+    private func app(_ appName: String) throws(ConfigurationError) -> AppConfiguration {
+        let prefix = "app.\(appName)."
+        func key(_ suffix: String) -> String { prefix + suffix }
+
+        let authentication: AppConfiguration.Authentication
+        switch try string(key("auth")) ?? "token" {
+        case "token":
+            guard let keyFile = try string(key("key-file")) else {
+                throw ConfigurationError(key: key("key-file"), "is required for token auth (the .p8 signing key)")
+            }
+            let keyID = try string(key("key-id")) ?? ""
+            let teamID = try string(key("team-id")) ?? ""
+            try checkAppleID(keyID, key: key("key-id"))
+            try checkAppleID(teamID, key: key("team-id"))
+            authentication = .token(keyFile: keyFile, keyID: keyID, teamID: teamID)
+        case "certificate":
+            let password = try secret(key("certificate-password"))
+            if let bundle = try string(key("pkcs12-file")) {
+                authentication = .certificate(.pkcs12(file: bundle, password: password))
+            } else if let certificate = try string(key("certificate-file")) {
+                guard let privateKey = try string(key("private-key-file")) else {
+                    throw ConfigurationError(key: key("private-key-file"), "is required with \(key("certificate-file"))")
+                }
+                authentication = .certificate(.pem(certificateFile: certificate, privateKeyFile: privateKey, password: password))
+            } else {
+                throw ConfigurationError(key: key("certificate-file"), "certificate auth needs certificate-file and private-key-file, or pkcs12-file")
+            }
+        case let other:
+            throw ConfigurationError(key: key("auth"), "is \"\(other.prefix(40))\"; expected token or certificate")
+        }
+
+        var defaults = JobDefaults()
+        do {
+            if let topic = try string(key("topic")) { defaults.topic = try JobRules.topic(topic) }
+            if let pushType = try string(key("push-type")) { defaults.pushType = try JobRules.pushType(pushType) }
+            if let priority = try string(key("priority")) { defaults.priority = try JobRules.priority(Int64(priority), literal: priority) }
+        } catch let rejection as JobRejection {
+            throw ConfigurationError(key: prefix + (rejection.field?.replacingUnderscores ?? ""), rejection.message)
+        } catch let error as ConfigurationError {
+            throw error
+        } catch {
+            throw ConfigurationError(key: prefix, "\(error)")
+        }
+
+        let environmentName = try string(key("environment")) ?? "production"
+        let endpoint: AppConfiguration.Endpoint
+        switch environmentName {
+        case "production":
+            endpoint = .production
+            defaults.environment = .production
+        case "sandbox":
+            endpoint = .sandbox
+            defaults.environment = .sandbox
+        case "custom":
+            guard let host = try string(key("host")) else {
+                throw ConfigurationError(key: key("host"), "is required with environment custom")
+            }
+            endpoint = .custom(host: host, port: try int(key("port"), default: 443, range: 1...65535), caFile: try string(key("ca-file")))
+        default:
+            throw ConfigurationError(key: key("environment"), "is \"\(environmentName.prefix(40))\"; expected production, sandbox or custom")
+        }
+
+        let transport: AppConfiguration.TransportProtocol = try choice(key("protocol"), default: .http2)
+        if transport == .binary, case .token = authentication {
+            throw ConfigurationError(key: key("protocol"), "the binary interface needs certificate auth (set \(key("auth")) to certificate)")
+        }
+        let legacyTLS = try bool(key("legacy-tls"), default: true)
+        let legacyCA = try string(key("ca-file"))
+        let gateway = try hostPort(key("legacy-gateway"), tls: legacyTLS, caFile: legacyCA)
+            ?? legacyDefault(endpoint, gateway: true, tls: legacyTLS)
+        let feedback = try hostPort(key("legacy-feedback"), tls: legacyTLS, caFile: legacyCA)
+            ?? legacyDefault(endpoint, gateway: false, tls: legacyTLS)
+
+        return AppConfiguration(
+            name: appName,
+            authentication: authentication,
+            defaults: defaults,
+            topics: try stringList(key("topics")),
+            endpoint: endpoint,
+            connections: try int(key("connections"), default: 2, range: 1...64),
+            transport: transport,
+            legacyGateway: gateway,
+            legacyFeedback: feedback
+        )
+    }
+
+    private func legacyDefault(_ endpoint: AppConfiguration.Endpoint, gateway: Bool, tls: Bool) -> LegacyEndpoint? {
+        switch endpoint {
+        case .production: LegacyEndpoint(host: gateway ? "gateway.push.apple.com" : "feedback.push.apple.com", port: gateway ? 2195 : 2196, tls: true)
+        case .sandbox: LegacyEndpoint(host: gateway ? "gateway.sandbox.push.apple.com" : "feedback.sandbox.push.apple.com", port: gateway ? 2195 : 2196, tls: true)
+        case .custom: nil
+        }
+    }
+
+    private func checkAppleID(_ value: String, key: String) throws(ConfigurationError) {
+        guard value.count == 10, value.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) }) else {
+            throw ConfigurationError(key: key, value.isEmpty ? "is required for token auth" : "must be 10 letters or digits, got \(value.count) characters")
+        }
+    }
+
+    // MARK: - Typed access that tells "missing" from "wrong"
+
+    private func lookup<T>(_ key: String, _ read: (ConfigKey) throws -> T) throws(ConfigurationError) -> T? {
+        do {
+            return try read(ConfigKey(key))
+        } catch {
+            if "\(error)".hasPrefix("Missing required config value") { return nil }
+            throw ConfigurationError(key: key, "has a value of the wrong type")
+        }
+    }
+
+    /// Any scalar as text: a YAML or JSON file may give `port: 8443` as a number, while the
+    /// environment gives "8443"; the typed accessors below parse both the same way.
+    private func string(_ key: String) throws(ConfigurationError) -> String? {
+        let reader = self.reader
+        let value = try lookup(key) { configKey in
+            if let text = try? reader.requiredString(forKey: configKey) { return text }
+            if let number = try? reader.requiredInt(forKey: configKey) { return String(number) }
+            if let number = try? reader.requiredDouble(forKey: configKey) { return String(number) }
+            if let flag = try? reader.requiredBool(forKey: configKey) { return String(flag) }
+            return try reader.requiredString(forKey: configKey)
+        }
+        guard let value else { return nil }
+        let trimmed = value.trimmingSpaces
+        return trimmed.isEmpty ? nil : trimmed
+    }
+
+    private func name(_ key: String, default defaultValue: String) throws(ConfigurationError) -> String {
+        let value = try string(key) ?? defaultValue
+        guard !value.contains(where: { $0.isWhitespace || $0.asciiValue.map { $0 < 0x20 } == true }) else {
+            throw ConfigurationError(key: key, "must not contain spaces or control characters")
+        }
+        return value
+    }
+
+    private func secret(_ key: String) throws(ConfigurationError) -> Secret? {
+        guard let value = try lookup(key, { try reader.requiredString(forKey: $0, isSecret: true) }) else { return nil }
+        return value.isEmpty ? nil : Secret(value)
+    }
+
+    private func stringList(_ key: String) throws(ConfigurationError) -> [String] {
+        let values = try lookup(key, { try reader.requiredStringArray(forKey: $0) }) ?? []
+        return values.map(\.trimmingSpaces).filter { !$0.isEmpty }
+    }
+
+    private func int(_ key: String, default defaultValue: Int, range: ClosedRange<Int>) throws(ConfigurationError) -> Int {
+        guard let text = try string(key) else { return defaultValue }
+        guard let value = Int(text) else { throw ConfigurationError(key: key, "must be an integer, got \"\(text.prefix(40))\"") }
+        guard range.contains(value) else {
+            throw ConfigurationError(key: key, "is \(value); it must be between \(range.lowerBound) and \(range.upperBound)")
+        }
+        return value
+    }
+
+    private func double(_ key: String, default defaultValue: Double, range: ClosedRange<Double>) throws(ConfigurationError) -> Double {
+        guard let text = try string(key) else { return defaultValue }
+        guard let value = Double(text), value.isFinite else { throw ConfigurationError(key: key, "must be a number, got \"\(text.prefix(40))\"") }
+        guard range.contains(value) else {
+            throw ConfigurationError(key: key, "is \(value); it must be between \(range.lowerBound) and \(range.upperBound)")
+        }
+        return value
+    }
+
+    private func bool(_ key: String, default defaultValue: Bool) throws(ConfigurationError) -> Bool {
+        guard let text = try string(key) else { return defaultValue }
+        switch text.lowercased() {
+        case "true", "yes", "1", "on": return true
+        case "false", "no", "0", "off": return false
+        default: throw ConfigurationError(key: key, "must be true or false, got \"\(text.prefix(40))\"")
+        }
+    }
+
+    private func choice<T: RawRepresentable & CaseIterable>(_ key: String, default defaultValue: T) throws(ConfigurationError) -> T where T.RawValue == String {
+        try optionalChoice(key) ?? defaultValue
+    }
+
+    private func optionalChoice<T: RawRepresentable & CaseIterable>(_ key: String) throws(ConfigurationError) -> T? where T.RawValue == String {
+        guard let text = try string(key) else { return nil }
+        guard let value = T(rawValue: text) else {
+            let options = T.allCases.map(\.rawValue).joined(separator: ", ")
+            throw ConfigurationError(key: key, "is \"\(text.prefix(40))\"; expected one of \(options)")
+        }
+        return value
+    }
+
+    private func hostPort(_ key: String, tls: Bool, caFile: String?) throws(ConfigurationError) -> LegacyEndpoint? {
+        guard let text = try string(key) else { return nil }
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port),
+            colon != text.startIndex
+        else {
+            throw ConfigurationError(key: key, "must be host:port, got \"\(text.prefix(60))\"")
+        }
+        return LegacyEndpoint(host: String(text[..<colon]), port: port, tls: tls, caFile: caFile)
+    }
+}
+
+extension String {
+    var trimmingSpaces: String {
+        var slice = Substring(self)
+        while let first = slice.first, first.isWhitespace { slice.removeFirst() }
+        while let last = slice.last, last.isWhitespace { slice.removeLast() }
+        return String(slice)
+    }
+
+    fileprivate var replacingUnderscores: String {
+        String(map { $0 == "_" ? "-" : $0 })
+    }
+}

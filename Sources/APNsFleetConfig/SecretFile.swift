@@ -1,0 +1,54 @@
+import APNsCore
+import Foundation
+
+/// Reads secrets and checks key files. Nothing here ever puts file contents into an error.
+public enum SecretFile {
+    /// Reads a small secret file (a password), dropping one trailing newline.
+    static func read(_ path: String, key: String) throws(ConfigurationError) -> Secret {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigurationError(key: key, "cannot read \(path)")
+        }
+        guard var text = String(data: data, encoding: .utf8) else {
+            throw ConfigurationError(key: key, "\(path) is not UTF-8 text")
+        }
+        if text.hasSuffix("\n") { text.removeLast() }
+        if text.hasSuffix("\r") { text.removeLast() }
+        guard !text.isEmpty else { throw ConfigurationError(key: key, "\(path) is empty") }
+        return Secret(text)
+    }
+
+    /// Warnings for key files that other users can read: a leaked .p8 key lets anyone push to
+    /// every app of the team.
+    public static func permissionWarnings(for configuration: FleetConfiguration) -> [String] {
+        var warnings: [String] = []
+        for app in configuration.apps {
+            var files: [(String, String)] = []
+            switch app.authentication {
+            case .token(let keyFile, _, _):
+                files.append(("app.\(app.name).key-file", keyFile))
+            case .certificate(.pem(_, let privateKeyFile, _)):
+                files.append(("app.\(app.name).private-key-file", privateKeyFile))
+            case .certificate(.pkcs12(let file, _)):
+                files.append(("app.\(app.name).pkcs12-file", file))
+            }
+            for (key, path) in files {
+                if let warning = worldReadableWarning(path: path, key: key) { warnings.append(warning) }
+            }
+        }
+        if let keyFile = configuration.kafka.sslKeyFile,
+            let warning = worldReadableWarning(path: keyFile, key: "kafka.ssl.key-file")
+        {
+            warnings.append(warning)
+        }
+        return warnings
+    }
+
+    static func worldReadableWarning(path: String, key: String) -> String? {
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
+            let permissions = attributes[.posixPermissions] as? NSNumber
+        else { return nil }
+        let mode = permissions.uint16Value
+        guard mode & 0o004 != 0 else { return nil }
+        return "\(key): \(path) is readable by every user (mode \(String(mode & 0o777, radix: 8))); run chmod 600 on it"
+    }
+}

@@ -1,0 +1,182 @@
+import APNsCore
+import APNsFleetConfig
+import ArgumentParser
+import Foundation
+
+/// `apns-fleet validate-job`: lets producers check their messages against the job contract
+/// with exactly the rules the worker applies.
+struct ValidateJobCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "validate-job",
+        abstract: "Check notification jobs against the job contract.",
+        discussion: """
+            Reads one JSON job, or JSON lines (one job per line), from a file or standard input, \
+            and prints for each whether it is valid and, if not, the exact reason the worker \
+            would put in its `invalid` result. With --header, the input is instead the raw APNs \
+            payload of a header-encoded job.
+
+            Exit status: 0 when every job is valid, 1 when any is invalid, 2 on a usage error.
+
+            Examples:
+              apns-fleet validate-job jobs.jsonl
+              echo '{"token":"<64 hex digits>","payload":{"aps":{"alert":"hi"}}}' | apns-fleet validate-job
+              apns-fleet validate-job --header apns-token=<hex> --header apns-topic=com.example.app payload.json
+              apns-fleet validate-job --config fleet.yaml jobs.jsonl   # also resolve apps and topics
+            """
+    )
+
+    @Argument(help: "File with one JSON job or JSON lines; '-' or nothing reads standard input.")
+    var file: String?
+
+    @Option(name: .customLong("header"), help: ArgumentHelp("A record header key=value: validates the input as a header-encoded job's raw payload.", valueName: "key=value"))
+    var headers: [String] = []
+
+    @Option(help: "A configuration file: jobs are then also resolved against its apps (unknown app, missing topic).")
+    var config: String?
+
+    @Option(help: "Most tokens one job may carry (worker.max-tokens-per-job).")
+    var maxTokens: Int = 1000
+
+    @Flag(help: "Print only the invalid jobs.")
+    var quiet = false
+
+    @Flag(help: "Print one JSON object per job instead of text.")
+    var json = false
+
+    func validate() throws {
+        guard maxTokens >= 1 else { throw ValidationError("--max-tokens must be at least 1") }
+        for header in headers where !header.contains("=") {
+            throw ValidationError("--header expects key=value, got '\(header)'")
+        }
+    }
+
+    func run() async throws {
+        let input = try readInput()
+        let fleet: FleetConfiguration?
+        if let config {
+            fleet = try await ConfigurationLoader(filePath: config, environment: ProcessInfo.processInfo.environment).load()
+        } else {
+            fleet = nil
+        }
+        let validator = JobValidation(decoder: JobDecoder(limits: .init(maximumTokensPerJob: maxTokens)), fleet: fleet)
+
+        var verdicts: [(label: String, verdict: JobValidation.Verdict)] = []
+        if !headers.isEmpty {
+            let recordHeaders = headers.map { pair -> RecordHeader in
+                let equals = pair.firstIndex(of: "=") ?? pair.endIndex
+                let value = equals < pair.endIndex ? String(pair[pair.index(after: equals)...]) : ""
+                return RecordHeader(String(pair[..<equals]), value)
+            }
+            verdicts.append(("payload", validator.check(value: input, headers: recordHeaders)))
+        } else {
+            for (label, record) in JobInputSplitter.records(in: input) {
+                verdicts.append((label, validator.check(value: record, headers: [])))
+            }
+        }
+        guard !verdicts.isEmpty else {
+            throw UsageError("no jobs in the input")
+        }
+
+        var invalid = 0
+        for (label, verdict) in verdicts {
+            if case .invalid = verdict { invalid += 1 } else if quiet { continue }
+            print(json ? verdict.jsonLine(label: label) : verdict.textLine(label: label))
+        }
+        if !json && !quiet {
+            print("\(verdicts.count - invalid) valid, \(invalid) invalid")
+        }
+        if invalid > 0 { throw ExitCode(1) }
+    }
+
+    private func readInput() throws -> [UInt8] {
+        if file == nil || file == "-" {
+            return Array(FileHandle.standardInput.readDataToEndOfFile())
+        }
+        guard let path = file, let data = FileManager.default.contents(atPath: path) else {
+            throw UsageError("cannot read \(file ?? "")")
+        }
+        return Array(data)
+    }
+}
+
+/// Splits validate-job's input into records: the whole input when it is one JSON document,
+/// otherwise one record per non-empty line.
+enum JobInputSplitter {
+    static func records(in input: [UInt8]) -> [(String, [UInt8])] {
+        if (try? JSONParser.parse(input)) != nil {
+            return [("job", input)]
+        }
+        var records: [(String, [UInt8])] = []
+        var lineNumber = 0
+        for line in input.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+            lineNumber += 1
+            var bytes = Array(line)
+            if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
+            if bytes.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
+            records.append(("line \(lineNumber)", bytes))
+        }
+        return records
+    }
+}
+
+/// The checks validate-job applies: the worker's decoder, plus app resolution when a
+/// configuration is given.
+struct JobValidation {
+    enum Verdict {
+        case valid(NotificationJob, topic: String?, app: String?)
+        case invalid(JobRejection)
+
+        func textLine(label: String) -> String {
+            switch self {
+            case .invalid(let rejection):
+                return "\(label): invalid: \(rejection.reason)"
+            case .valid(let job, let topic, let app):
+                var parts = ["\(job.tokens.count) token\(job.tokens.count == 1 ? "" : "s")"]
+                if let id = job.id { parts.insert("id \(id)", at: 0) }
+                if let topic { parts.append("topic \(topic)") }
+                if let app { parts.append("app \(app)") }
+                parts.append("payload \(job.payload.count) bytes")
+                return "\(label): valid (\(parts.joined(separator: ", ")))"
+            }
+        }
+
+        func jsonLine(label: String) -> String {
+            var writer = JSONWriter()
+            writer.beginObject()
+            writer.field("input", label)
+            switch self {
+            case .invalid(let rejection):
+                writer.field("valid", false)
+                writer.field("reason", rejection.reason)
+            case .valid(let job, let topic, let app):
+                writer.field("valid", true)
+                writer.field("id", job.id)
+                writer.field("tokens", job.tokens.count)
+                writer.field("topic", topic)
+                writer.field("app", app)
+            }
+            writer.endObject()
+            return String(decoding: writer.bytes, as: UTF8.self)
+        }
+    }
+
+    var decoder: JobDecoder
+    var fleet: FleetConfiguration?
+
+    func check(value: [UInt8], headers: [RecordHeader]) -> Verdict {
+        do {
+            let job = try decoder.decode(value: value, headers: headers)
+            guard let fleet else {
+                // Without a configuration the topic may still come from an app's defaults, so
+                // only the payload limit of the default push type is applied here.
+                try JobRules.checkPayloadSize(job.payload.count, pushType: job.pushType ?? .alert)
+                return .valid(job, topic: job.topic, app: job.app)
+            }
+            let app = try fleet.app(for: job)
+            let resolved = try job.resolved(defaults: app.defaults, appName: app.name)
+            return .valid(job, topic: resolved.topic, app: app.name)
+        } catch {
+            return .invalid(error)
+        }
+    }
+}

@@ -1,0 +1,190 @@
+import APNsCore
+import APNsFleetConfig
+import Foundation
+import Testing
+
+private func temporaryFile(_ name: String, _ contents: String, mode: Int = 0o600) throws -> String {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("apns-fleet-config-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    let path = directory.appendingPathComponent(name).path
+    try Data(contents.utf8).write(to: URL(fileURLWithPath: path))
+    try FileManager.default.setAttributes([.posixPermissions: mode], ofItemAtPath: path)
+    return path
+}
+
+private let yaml = """
+    kafka:
+      bootstrap-servers: broker-1:9092,broker-2:9092
+      properties: [linger.ms=5, batch.size=1000000]
+    topics:
+      results: analytics.apns-results
+    apps: [example, legacy]
+    app:
+      example:
+        key-file: /secrets/AuthKey.p8
+        key-id: ABC123DEFG
+        team-id: DEF123GHIJ
+        topic: com.example.app
+        topics: [com.example.app, com.example.app.voip]
+        environment: sandbox
+        connections: 4
+      legacy:
+        auth: certificate
+        certificate-file: /secrets/legacy.pem
+        private-key-file: /secrets/legacy.key
+        environment: custom
+        host: 127.0.0.1
+        port: 8443
+        protocol: binary
+        legacy-gateway: 127.0.0.1:2295
+        legacy-feedback: 127.0.0.1:2296
+        legacy-tls: false
+    worker:
+      max-in-flight: 5000
+    retry:
+      max-attempts: 5
+    """
+
+@Suite("Configuration loading")
+struct ConfigurationLoaderTests {
+    @Test("no file, no environment: DESIGN.md's defaults")
+    func defaults() async throws {
+        let configuration = try await ConfigurationLoader().load()
+        #expect(configuration.kafka.bootstrapServers == "127.0.0.1:9092")
+        #expect(configuration.topics.all == ["apns.jobs", "apns.jobs.retry", "apns.jobs.dlq", "apns.results", "apns.token-events"])
+        #expect(configuration.apps.isEmpty)
+        #expect(configuration.admin.host == "127.0.0.1")
+        #expect(configuration.retry.inProcessAttempts == 3)
+    }
+
+    @Test("a YAML file fills every section")
+    func yamlFile() async throws {
+        let path = try temporaryFile("fleet.yaml", yaml)
+        let configuration = try await ConfigurationLoader(filePath: path).load()
+        #expect(configuration.kafka.bootstrapServers == "broker-1:9092,broker-2:9092")
+        #expect(configuration.kafka.properties == ["linger.ms": "5", "batch.size": "1000000"])
+        #expect(configuration.topics.results == "analytics.apns-results")
+        #expect(configuration.apps.map(\.name) == ["example", "legacy"])
+        let example = try #require(configuration.app(named: "example"))
+        guard case .token(let keyFile, let keyID, let teamID) = example.authentication else {
+            Issue.record("expected token auth")
+            return
+        }
+        #expect((keyFile, keyID, teamID) == ("/secrets/AuthKey.p8", "ABC123DEFG", "DEF123GHIJ"))
+        #expect(example.endpoint == .sandbox)
+        #expect(example.defaults.environment == .sandbox)
+        #expect(example.connections == 4)
+        #expect(example.topics == ["com.example.app", "com.example.app.voip"])
+        let legacy = try #require(configuration.app(named: "legacy"))
+        #expect(legacy.endpoint == .custom(host: "127.0.0.1", port: 8443, caFile: nil))
+        #expect(legacy.transport == .binary)
+        #expect(legacy.legacyGateway == LegacyEndpoint(host: "127.0.0.1", port: 2295, tls: false))
+        #expect(configuration.worker.maxInFlight == 5000)
+        #expect(configuration.retry.maxAttempts == 5)
+    }
+
+    @Test("flags win over the environment, which wins over the file")
+    func precedence() async throws {
+        let path = try temporaryFile("fleet.yaml", yaml)
+        let environment = [
+            "APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "from-env:9092",
+            "APNS_FLEET_WORKER_MAX_IN_FLIGHT": "7",
+            "APNS_FLEET_APP_EXAMPLE_CONNECTIONS": "8",
+            "UNPREFIXED_IS_IGNORED": "x",
+        ]
+        let fromEnvironment = try await ConfigurationLoader(filePath: path, environment: environment).load()
+        #expect(fromEnvironment.kafka.bootstrapServers == "from-env:9092")
+        #expect(fromEnvironment.worker.maxInFlight == 7)
+        #expect(fromEnvironment.app(named: "example")?.connections == 8)
+        let fromFlags = try await ConfigurationLoader(
+            filePath: path, environment: environment, overrides: ["kafka.bootstrap-servers=from-flag:9092"]
+        ).load()
+        #expect(fromFlags.kafka.bootstrapServers == "from-flag:9092")
+        #expect(fromFlags.worker.maxInFlight == 7)
+    }
+
+    @Test(
+        "bad configuration fails at start, naming the key and the problem",
+        arguments: [
+            (["APNS_FLEET_WORKER_MAX_IN_FLIGHT": "lots"], "configuration key 'worker.max-in-flight': must be an integer, got \"lots\""),
+            (["APNS_FLEET_ADMIN_PORT": "70000"], "configuration key 'admin.port': is 70000; it must be between 0 and 65535"),
+            (["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "tls"], "configuration key 'kafka.security-protocol': is \"tls\"; expected one of plaintext, ssl, sasl_plaintext, sasl_ssl"),
+            (["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "sasl_ssl"], "configuration key 'kafka.sasl.mechanism': is required with security protocol sasl_ssl"),
+            (["APNS_FLEET_APPS": "a"], "configuration key 'app.a.key-file': is required for token auth (the .p8 signing key)"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "short", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ"],
+             "configuration key 'app.a.key-id': must be 10 letters or digits, got 5 characters"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_ENVIRONMENT": "staging"],
+             "configuration key 'app.a.environment': is \"staging\"; expected production, sandbox or custom"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_PRIORITY": "7"],
+             "configuration key 'app.a.priority': priority is 7; it must be 10, 5 or 1"),
+            (["APNS_FLEET_APPS": "a,a"], "configuration key 'apps': app a is listed twice"),
+            (["APNS_FLEET_DEFAULT_APP": "ghost"], "configuration key 'default-app': names app ghost, which is not in apps"),
+            (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "9"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (8)"),
+        ]
+    )
+    func errors(environment: [String: String], message: String) async {
+        await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(environment: environment).load() }
+        do {
+            _ = try await ConfigurationLoader(environment: environment).load()
+        } catch {
+            #expect(error.description == message)
+        }
+    }
+
+    @Test("secrets never show up in errors or descriptions")
+    func secretsStayHidden() async throws {
+        let password = "hunter2-very-secret"
+        let environment = [
+            "APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "sasl_ssl",
+            "APNS_FLEET_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "APNS_FLEET_KAFKA_SASL_USERNAME": "fleet",
+            "APNS_FLEET_KAFKA_SASL_PASSWORD": password,
+        ]
+        let configuration = try await ConfigurationLoader(environment: environment).load()
+        #expect(configuration.kafka.saslPassword?.revealed == password)
+        #expect("\(configuration.kafka)".contains(password) == false)
+        #expect(String(reflecting: configuration.kafka.saslPassword).contains(password) == false)
+
+        var broken = environment
+        broken["APNS_FLEET_KAFKA_SASL_PASSWORD_FILE"] = "/nonexistent"
+        do {
+            _ = try await ConfigurationLoader(environment: broken).load()
+            Issue.record("expected an error")
+        } catch {
+            #expect(!error.description.contains(password))
+            #expect(error.description == "configuration key 'kafka.sasl.password-file': give kafka.sasl.password or kafka.sasl.password-file, not both")
+        }
+    }
+
+    @Test("a SASL password can come from a file")
+    func passwordFile() async throws {
+        let path = try temporaryFile("sasl", "from-file\n")
+        let configuration = try await ConfigurationLoader(environment: [
+            "APNS_FLEET_KAFKA_SASL_PASSWORD_FILE": path,
+        ]).load()
+        #expect(configuration.kafka.saslPassword?.revealed == "from-file")
+    }
+
+    @Test("a world-readable key file is warned about")
+    func worldReadableKey() async throws {
+        let key = try temporaryFile("AuthKey.p8", "not really a key", mode: 0o644)
+        let configuration = try await ConfigurationLoader(environment: [
+            "APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": key,
+            "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ",
+        ]).load()
+        let warnings = SecretFile.permissionWarnings(for: configuration)
+        #expect(warnings == ["app.a.key-file: \(key) is readable by every user (mode 644); run chmod 600 on it"])
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
+        #expect(SecretFile.permissionWarnings(for: configuration).isEmpty)
+    }
+
+    @Test("docs/configuration.md documents every key the loader reads")
+    func referenceIsComplete() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let reference = try String(contentsOf: root.appendingPathComponent("docs/configuration.md"), encoding: .utf8)
+        for key in ConfigurationKeys.all {
+            #expect(reference.contains("`\(key.name)`"), "docs/configuration.md lacks \(key.name)")
+            #expect(reference.contains("`\(key.environmentName)`"), "docs/configuration.md lacks \(key.environmentName)")
+        }
+    }
+}
