@@ -24,6 +24,8 @@ struct FleetConfigurationDecoder {
             guard seen.insert(appName).inserted else {
                 throw ConfigurationError(key: "apps", "app \(appName) is listed twice")
             }
+        }
+        for appName in names {
             configuration.apps.append(try app(appName))
         }
         configuration.defaultApp = try string("default-app")

@@ -38,10 +38,8 @@ struct ContractObject {
                 }
             }
             try parser.expectEnd()
-        } catch let error as JSONSyntaxError {
-            throw ContractDecodingError(contract: contract, error.description)
         } catch {
-            throw ContractDecodingError(contract: contract, "\(error)")
+            throw ContractDecodingError(contract: contract, error.description)
         }
     }
 
