@@ -1,0 +1,101 @@
+/// How one attempt to send a notification ended, as the worker's retry logic sees it.
+public enum AttemptResult: Sendable, Hashable {
+    /// APNs answered with a status (and, unless 200, a reason).
+    case answered(status: Int, reason: APNsReason?)
+    /// No answer: the connection failed, the stream was refused, or the request's deadline
+    /// passed. The text says which, and becomes `last-reason` / the result's reason.
+    case notAnswered(String)
+
+    var reasonText: String {
+        switch self {
+        case .answered(let status, let reason): reason?.rawValue ?? "HTTP \(status)"
+        case .notAnswered(let why): why
+        }
+    }
+}
+
+/// What to do next with a notification after an attempt, or before the first one.
+public enum DeliveryDecision: Sendable, Hashable {
+    /// The notification is done: publish a result with this outcome.
+    case finish(Outcome, status: Int?, reason: String?)
+    /// Try again in this process after the delay.
+    case retryInProcess(afterMilliseconds: Int, lastReason: String)
+    /// Hand the job to the retry topic, not to be sent before `notBefore`.
+    case retryLater(notBefore: UnixMillis, lastReason: String)
+}
+
+/// DESIGN.md's retry rules as a pure function, so that every path through them is unit-tested
+/// and the worker only executes the decision.
+///
+/// - 200 is delivered; final and token-invalidating reasons are rejected at once.
+/// - Retryable answers (429, 500, 503, a stale provider token) and unanswered attempts back off
+///   exponentially with jitter: `inProcessAttempts` times in process, then through the retry
+///   topic, until `maxAttempts`, after which the result is `failed`.
+/// - Nothing is retried past the job's `deadline` or its non-zero `apns-expiration`: the
+///   result is then `expired`. (`apns-expiration` 0 means APNs will not store the notification;
+///   it does not stop the worker from getting it to APNs a moment later.)
+public struct DeliveryPolicy: Sendable, Hashable {
+    public var retry: RetryPolicy
+
+    public init(retry: RetryPolicy = RetryPolicy()) {
+        self.retry = retry
+    }
+
+    /// The moment after which a job must not be sent, in milliseconds, if it has one.
+    public static func cutoff(deadline: Int64?, expiration: Int64?) -> UnixMillis? {
+        let candidates = [deadline, expiration.flatMap { $0 > 0 ? $0 : nil }].compactMap { $0 }
+        return candidates.min().map { UnixMillis(seconds: $0) }
+    }
+
+    /// Checked before every attempt: a job past its deadline or expiration is not sent.
+    public func beforeSending(now: UnixMillis, deadline: Int64?, expiration: Int64?) -> DeliveryDecision? {
+        guard let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), now > cutoff else { return nil }
+        return .finish(.expired, status: nil, reason: Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff))
+    }
+
+    /// Decides after attempt number `attempt` (1 for the first) ended with `result`.
+    /// `jitter` is a uniform random number in [0, 1], passed in so tests are deterministic.
+    public func after(
+        attempt: Int,
+        result: AttemptResult,
+        now: UnixMillis,
+        deadline: Int64?,
+        expiration: Int64?,
+        jitter: Double
+    ) -> DeliveryDecision {
+        var lastStatus: Int?
+        var lastReason = result.reasonText
+        switch result {
+        case .answered(let status, let reason):
+            if status == 200 { return .finish(.delivered, status: 200, reason: nil) }
+            let classification = reason?.classification(status: status) ?? APNsReasonTable.classification(status: status)
+            if classification != .retryable {
+                return .finish(.rejected, status: status, reason: reason?.rawValue)
+            }
+            lastStatus = status
+            lastReason = reason?.rawValue ?? "HTTP \(status)"
+        case .notAnswered:
+            break
+        }
+
+        guard attempt < retry.maxAttempts else {
+            return .finish(.failed, status: lastStatus, reason: "\(lastReason) (gave up after \(attempt) attempts)")
+        }
+        let delay = retry.delayMilliseconds(afterAttempt: attempt, jitter: jitter)
+        let notBefore = UnixMillis(now.value + Int64(delay))
+        if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), notBefore > cutoff {
+            return .finish(.expired, status: lastStatus, reason: "\(lastReason); \(Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff))")
+        }
+        if attempt < retry.inProcessAttempts {
+            return .retryInProcess(afterMilliseconds: delay, lastReason: lastReason)
+        }
+        return .retryLater(notBefore: notBefore, lastReason: lastReason)
+    }
+
+    static func expiredReason(deadline: Int64?, expiration: Int64?, cutoff: UnixMillis) -> String {
+        if let deadline, UnixMillis(seconds: deadline) == cutoff {
+            return "deadline \(cutoff.rfc3339) passed before APNs accepted the notification"
+        }
+        return "apns-expiration \(cutoff.rfc3339) passed before APNs accepted the notification"
+    }
+}

@@ -1,0 +1,61 @@
+import APNsCore
+import Testing
+
+@Suite("Delivery policy: retries, deadlines, outcomes")
+struct DeliveryPolicyTests {
+    let policy = DeliveryPolicy(retry: RetryPolicy(inProcessAttempts: 2, maxAttempts: 4, baseDelayMilliseconds: 100, maxDelayMilliseconds: 10_000))
+    let now = UnixMillis(seconds: 1_767_225_600)
+
+    func after(_ attempt: Int, _ result: AttemptResult, deadline: Int64? = nil, expiration: Int64? = nil) -> DeliveryDecision {
+        policy.after(attempt: attempt, result: result, now: now, deadline: deadline, expiration: expiration, jitter: 1)
+    }
+
+    @Test("200 is delivered; final and token-invalidating answers are rejected at once")
+    func finalAnswers() {
+        #expect(after(1, .answered(status: 200, reason: nil)) == .finish(.delivered, status: 200, reason: nil))
+        #expect(after(1, .answered(status: 410, reason: .unregistered)) == .finish(.rejected, status: 410, reason: "Unregistered"))
+        #expect(after(1, .answered(status: 400, reason: .badTopic)) == .finish(.rejected, status: 400, reason: "BadTopic"))
+        #expect(after(1, .answered(status: 413, reason: .payloadTooLarge)) == .finish(.rejected, status: 413, reason: "PayloadTooLarge"))
+        #expect(after(1, .answered(status: 403, reason: .invalidProviderToken)) == .finish(.rejected, status: 403, reason: "InvalidProviderToken"))
+    }
+
+    @Test("retryable answers back off in process, then through the retry topic, then fail")
+    func retryLadder() {
+        #expect(after(1, .answered(status: 503, reason: .serviceUnavailable)) == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
+        #expect(after(2, .answered(status: 503, reason: .serviceUnavailable)) == .retryLater(notBefore: UnixMillis(now.value + 200), lastReason: "ServiceUnavailable"))
+        #expect(after(3, .answered(status: 429, reason: .tooManyRequests)) == .retryLater(notBefore: UnixMillis(now.value + 400), lastReason: "TooManyRequests"))
+        #expect(after(4, .answered(status: 500, reason: .internalServerError)) == .finish(.failed, status: 500, reason: "InternalServerError (gave up after 4 attempts)"))
+    }
+
+    @Test("unanswered attempts (connection lost, refused stream, timeout) are retried the same way")
+    func notAnswered() {
+        #expect(after(1, .notAnswered("REFUSED_STREAM")) == .retryInProcess(afterMilliseconds: 100, lastReason: "REFUSED_STREAM"))
+        #expect(after(4, .notAnswered("request timed out after 10 s")) == .finish(.failed, status: nil, reason: "request timed out after 10 s (gave up after 4 attempts)"))
+    }
+
+    @Test("an unknown reason is judged by its status")
+    func unknownReason() {
+        #expect(after(1, .answered(status: 503, reason: APNsReason(rawValue: "BrandNew"))) == .retryInProcess(afterMilliseconds: 100, lastReason: "BrandNew"))
+        #expect(after(1, .answered(status: 400, reason: APNsReason(rawValue: "BrandNew"))) == .finish(.rejected, status: 400, reason: "BrandNew"))
+    }
+
+    @Test("no retry outlives the deadline or a non-zero expiration")
+    func deadlines() {
+        let soon = now.seconds  // the deadline is now: a retry 100 ms later would be past it
+        #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), deadline: soon)
+            == .finish(.expired, status: 503, reason: "ServiceUnavailable; deadline 2026-01-01T00:00:00.000Z passed before APNs accepted the notification"))
+        #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), expiration: soon)
+            == .finish(.expired, status: 503, reason: "ServiceUnavailable; apns-expiration 2026-01-01T00:00:00.000Z passed before APNs accepted the notification"))
+        // apns-expiration 0 (now or never) does not stop the worker from retrying a moment later.
+        #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), expiration: 0) == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
+        #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), deadline: soon + 60) == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
+    }
+
+    @Test("a job already past its deadline is not sent at all")
+    func beforeSending() {
+        #expect(policy.beforeSending(now: now, deadline: now.seconds - 1, expiration: nil)
+            == .finish(.expired, status: nil, reason: "deadline 2025-12-31T23:59:59.000Z passed before APNs accepted the notification"))
+        #expect(policy.beforeSending(now: now, deadline: now.seconds + 1, expiration: 0) == nil)
+        #expect(policy.beforeSending(now: now, deadline: nil, expiration: nil) == nil)
+    }
+}
