@@ -18,7 +18,6 @@ struct APNsFleet: AsyncParsableCommand {
         version: APNsFleetVersion.current,
         subcommands: [
             ValidateJobCommand.self,
-            KafkaDevCommand.self,
         ]
     )
 
