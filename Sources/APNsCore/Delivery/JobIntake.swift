@@ -1,0 +1,133 @@
+/// A job accepted for sending: everything its notifications share.
+public struct AcceptedJob: Sendable {
+    public var jobID: String
+    public var job: ResolvedJob
+    public var appName: String
+    public var source: SourcePosition
+    /// Attempts already made (0 for a job from `apns.jobs`; from the `attempt` header on retries).
+    public var previousAttempts: Int
+    /// Not to be sent before this time (the `not-before` header of a retry record).
+    public var notBefore: UnixMillis?
+    /// The tokens still to send: all of them, or on a retry record only those the retry names.
+    public var tokens: [DeviceToken]
+}
+
+/// A job that can never be sent: one `invalid` result per token it names, and a DLQ copy.
+public struct RejectedJob: Sendable {
+    public var rejection: JobRejection
+    public var results: [NotificationResult]
+    /// The original record value, unchanged, and its headers plus the DLQ headers.
+    public var deadLetterValue: [UInt8]
+    public var deadLetterHeaders: [RecordHeader]
+}
+
+public enum IntakeDecision: Sendable {
+    case accepted(AcceptedJob)
+    case rejected(RejectedJob)
+}
+
+/// Turns a consumed record into work or into `invalid` results, with the worker's rules:
+/// decode either encoding, pick the app, fill its defaults, read retry headers.
+///
+/// It never throws and never traps: any input yields a decision, so a poison record cannot stop
+/// a partition.
+public struct JobIntake: Sendable {
+    public var configuration: FleetConfiguration
+    public var decoder: JobDecoder
+    public var workerID: String
+
+    public init(configuration: FleetConfiguration, workerID: String) {
+        self.configuration = configuration
+        self.decoder = JobDecoder(limits: .init(maximumTokensPerJob: configuration.worker.maxTokensPerJob))
+        self.workerID = workerID
+    }
+
+    public func accept(value: [UInt8], headers: [RecordHeader], source: SourcePosition, now: UnixMillis) -> IntakeDecision {
+        let retry: RetryHeaders?
+        do {
+            retry = try RetryHeaders(headers: headers)
+        } catch {
+            return reject(JobRejection(field: "\(error.field ?? "retry") header", error.message), value: value, headers: headers, source: source, now: now, jobID: nil)
+        }
+        // A job without `id` keeps the id of its first consumption through retries.
+        let inheritedID = headers.text(RetryHeaders.jobIDKey)
+        do {
+            let job = try decoder.decode(value: value, headers: headers)
+            let jobID = job.id ?? inheritedID ?? source.derivedJobID
+            do {
+                let app = try configuration.app(for: job)
+                let resolved = try job.resolved(defaults: app.defaults, appName: app.name)
+                let tokens = try retryTokens(headers: headers, job: job)
+                return .accepted(AcceptedJob(
+                    jobID: jobID, job: resolved, appName: app.name, source: source,
+                    previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, tokens: tokens
+                ))
+            } catch {
+                return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job)
+            }
+        } catch {
+            return reject(error, value: value, headers: headers, source: source, now: now, jobID: inheritedID)
+        }
+    }
+
+    /// The header naming which tokens of a fan-out job a retry record is for.
+    public static let retryTokensKey = "retry-tokens"
+
+    private func retryTokens(headers: [RecordHeader], job: NotificationJob) throws(JobRejection) -> [DeviceToken] {
+        guard let list = headers.text(Self.retryTokensKey) else { return job.tokens }
+        var tokens: [DeviceToken] = []
+        for text in list.split(separator: ",") {
+            let token: DeviceToken
+            do { token = try DeviceToken(hex: String(text)) } catch { throw error.at("\(Self.retryTokensKey) header") }
+            guard job.tokens.contains(token) else {
+                throw JobRejection(field: "\(Self.retryTokensKey) header", "token \(token.redacted) is not one of the job's tokens")
+            }
+            tokens.append(token)
+        }
+        guard !tokens.isEmpty else { throw JobRejection(field: "\(Self.retryTokensKey) header", "names no token") }
+        return tokens
+    }
+
+    private func reject(
+        _ rejection: JobRejection,
+        value: [UInt8],
+        headers: [RecordHeader],
+        source: SourcePosition,
+        now: UnixMillis,
+        jobID: String?,
+        job: NotificationJob? = nil
+    ) -> IntakeDecision {
+        let tokens = job.map { $0.tokens.map(\.hex) } ?? Self.bestEffortTokens(value: value, headers: headers)
+        let results = (tokens.isEmpty ? [""] : tokens).map { token in
+            NotificationResult(
+                jobID: jobID ?? source.derivedJobID, token: token, topic: job?.topic, app: job?.app,
+                outcome: .invalid, reason: rejection.reason, attempts: 0, latencyMs: 0,
+                sentAt: now, worker: workerID, meta: job?.meta, source: source
+            )
+        }
+        let deadLetter = DeadLetterHeaders(reason: rejection.reason, source: source)
+        return .rejected(RejectedJob(
+            rejection: rejection, results: results, deadLetterValue: value,
+            deadLetterHeaders: deadLetter.applied(to: headers)
+        ))
+    }
+
+    /// The tokens an unusable record seems to address, so each still gets its `invalid` result.
+    /// Only well-formed tokens are taken; anything else is reported under an empty token.
+    static func bestEffortTokens(value: [UInt8], headers: [RecordHeader]) -> [String] {
+        if let header = headers.text(JobDecoder.tokenHeader) {
+            return [(try? DeviceToken(hex: header))?.hex ?? ""]
+        }
+        guard let parsed = try? JSONParser.parse(value), case .object = parsed else { return [] }
+        var candidates: [JSONValue] = []
+        if let single = parsed["token"] { candidates.append(single) }
+        if case .array(let list)? = parsed["tokens"] { candidates += list.prefix(100_000) }
+        var seen = Set<String>()
+        var tokens: [String] = []
+        for candidate in candidates {
+            guard let text = candidate.string, let token = try? DeviceToken(hex: text), seen.insert(token.hex).inserted else { continue }
+            tokens.append(token.hex)
+        }
+        return tokens
+    }
+}

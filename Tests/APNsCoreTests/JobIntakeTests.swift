@@ -1,0 +1,93 @@
+import APNsCore
+import Testing
+
+@Suite("Job intake: records become work or invalid results")
+struct JobIntakeTests {
+    static let key = AppConfiguration.Authentication.token(keyFile: "/k.p8", keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
+    let intake = JobIntake(
+        configuration: FleetConfiguration(apps: [
+            AppConfiguration(name: "example", authentication: key, defaults: JobDefaults(topic: "com.example.app")),
+            AppConfiguration(name: "other", authentication: key, topics: ["com.other"]),
+        ], defaultApp: "example"),
+        workerID: "w1"
+    )
+    let source = SourcePosition(topic: "apns.jobs", partition: 2, offset: 40)
+    let now = UnixMillis(1_795_341_600_000)
+
+    func accept(_ text: String, headers: [RecordHeader] = []) -> IntakeDecision {
+        intake.accept(value: Array(text.utf8), headers: headers, source: source, now: now)
+    }
+
+    @Test("a good job is accepted with the app's defaults and a derived id")
+    func accepted() throws {
+        guard case .accepted(let job) = accept(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{"aps":{}}}"#) else {
+            Issue.record("expected the job to be accepted")
+            return
+        }
+        #expect(job.jobID == "apns.jobs-2-40")
+        #expect(job.appName == "example")
+        #expect(job.job.topic == "com.example.app")
+        #expect(job.tokens.map(\.hex) == [tokenA, tokenB])
+        #expect(job.previousAttempts == 0 && job.notBefore == nil)
+    }
+
+    @Test("an unknown app gives one invalid result per token and a DLQ copy of the original bytes")
+    func unknownApp() throws {
+        let text = #"{"id":"j9","tokens":["\#(tokenA)","\#(tokenB)"],"payload":{},"app":"ghost","meta":{"c":1}}"#
+        guard case .rejected(let rejected) = accept(text, headers: [RecordHeader("trace", "t1")]) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.map(\.token) == [tokenA, tokenB])
+        #expect(rejected.results.allSatisfy { $0.outcome == .invalid && $0.jobID == "j9" && $0.status == nil })
+        #expect(rejected.results.first?.reason == "app: unknown app \"ghost\"; configured apps: example, other")
+        #expect(rejected.results.first?.meta?.description == #"{"c":1}"#)
+        #expect(rejected.deadLetterValue == Array(text.utf8))
+        let dlq = try DeadLetterHeaders(headers: rejected.deadLetterHeaders)
+        #expect(dlq.reason == rejected.rejection.reason)
+        #expect(dlq.source == source)
+        #expect(rejected.deadLetterHeaders.first == RecordHeader("trace", "t1"))
+    }
+
+    @Test("an undecodable record still gets a result: per readable token, or one with an empty token")
+    func undecodable() {
+        guard case .rejected(let broken) = accept("{not json") else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(broken.results.map(\.token) == [""])
+        #expect(broken.results.first?.jobID == "apns.jobs-2-40")
+        guard case .rejected(let badPayload) = accept(#"{"tokens":["\#(tokenA)","zz"],"payload":{}}"#) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(badPayload.results.map(\.token) == [tokenA])
+        #expect(badPayload.results.first?.reason == "tokens[1]: device token is not hex: character 1 is 'z'")
+    }
+
+    @Test("a retry record keeps its job id, attempt count, not-before time and remaining tokens")
+    func retryRecord() {
+        let retry = RetryHeaders(attempt: 3, notBefore: UnixMillis(now.value + 500), lastReason: "ServiceUnavailable")
+        let headers = retry.applied(to: [RecordHeader("job-id", "apns.jobs-0-7"), RecordHeader(JobIntake.retryTokensKey, tokenB)])
+        guard case .accepted(let job) = intake.accept(
+            value: Array(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{}}"#.utf8), headers: headers,
+            source: SourcePosition(topic: "apns.jobs.retry", partition: 0, offset: 1), now: now
+        ) else {
+            Issue.record("expected the retry to be accepted")
+            return
+        }
+        #expect(job.jobID == "apns.jobs-0-7")
+        #expect(job.previousAttempts == 3)
+        #expect(job.notBefore == UnixMillis(now.value + 500))
+        #expect(job.tokens.map(\.hex) == [tokenB])
+    }
+
+    @Test("malformed retry headers make the record invalid instead of stopping the partition")
+    func badRetryHeaders() {
+        guard case .rejected(let rejected) = accept(#"{"token":"\#(tokenA)","payload":{}}"#, headers: [RecordHeader("attempt", "-4")]) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.first?.reason == "attempt header: must be a positive integer, got \"-4\"")
+    }
+}
