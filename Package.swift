@@ -70,6 +70,22 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // MARK: - Kafka transport
+
+        // Safe Swift types over librdkafka (producer, consumer, mock cluster). The only module that
+        // touches librdkafka's pointers.
+        .target(
+            name: "KafkaTransport",
+            dependencies: [
+                "CRdKafka",
+                "APNsCore",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Configuration
 
         .target(
@@ -88,6 +104,9 @@ let package = Package(
             dependencies: [
                 "APNsCore",
                 "APNsFleetConfig",
+                "KafkaTransport",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -105,6 +124,15 @@ let package = Package(
         .testTarget(
             name: "APNsFleetConfigTests",
             dependencies: ["APNsFleetConfig", "APNsCore"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "KafkaTransportTests",
+            dependencies: [
+                "KafkaTransport",
+                "APNsCore",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
     ]

@@ -18,6 +18,8 @@ struct APNsFleet: AsyncParsableCommand {
         version: APNsFleetVersion.current,
         subcommands: [
             ValidateJobCommand.self,
+            KafkaDevCommand.self,
+            BenchCommand.self,
         ]
     )
 

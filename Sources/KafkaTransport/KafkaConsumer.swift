@@ -1,0 +1,752 @@
+import APNsCore
+import CRdKafka
+import Foundation
+import Logging
+import Metrics
+import ServiceLifecycle
+import Synchronization
+
+/// A group consumer with cooperative-sticky assignment and at-least-once offset storing.
+///
+/// Use:
+/// 1. Run it as a `Service` (or call ``run()`` in a task): that starts its polling thread.
+/// 2. Iterate ``batches`` from one task: each element is a batch of records, in offset order per
+///    partition. Records are copied out of librdkafka, so they can outlive the batch.
+/// 3. Call ``markFinished(_:)-(KafkaRecordReceipt)`` once per record when its work is done (any
+///    thread, any order). Offsets are stored only up to the lowest unfinished record of each
+///    partition, and committed every ``KafkaConsumerConfiguration/commitInterval``.
+/// 4. For back-pressure, ``pause(_:)``/``pauseAll()`` and ``resume(_:)``/``resumeAll()``; polling
+///    continues, so rebalances are still served.
+///
+/// On a revocation the consumer stops handing out records of the revoked partitions, calls the
+/// `onRevoke` hook (if any) and waits, up to ``KafkaConsumerConfiguration/drainTimeout``, for the
+/// hook to return and for every in-flight record of those partitions to be finished; then it
+/// stores their offsets and gives them up. When an assignment is lost, in-flight work is
+/// abandoned (its completions are ignored; another consumer redoes it).
+///
+/// Shutdown (graceful shutdown of the service, cancellation of ``run()``, or ``close()``): the
+/// batch sequence ends, the final revocation drains as above, and the consumer leaves the group.
+public final class KafkaConsumer: Service, Sendable {
+    /// Called when partitions are being revoked (not lost), before their offsets are stored.
+    /// Finish or abandon their in-flight work here; the consumer also waits for the records to be
+    /// marked finished, up to the drain timeout.
+    public typealias RevocationHandler = @Sendable (_ partitions: [TopicPartition]) async -> Void
+
+    private let core: ConsumerCore
+    private let handle: RDKafkaHandle
+    private let onRevoke: RevocationHandler?
+
+    public init(
+        configuration: KafkaConsumerConfiguration,
+        logger: Logger,
+        onRevoke: RevocationHandler? = nil
+    ) throws(KafkaError) {
+        guard !configuration.topics.isEmpty else {
+            throw KafkaError(code: .invalidArgument, message: "a consumer needs at least one topic")
+        }
+        guard configuration.maxBatchSize > 0, configuration.bufferCapacity > 0 else {
+            throw KafkaError(code: .invalidArgument, message: "maxBatchSize and bufferCapacity must be positive")
+        }
+        let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil)
+        let context = ClientContext(logger: logger, clientID: configuration.client.clientID) { rk, error, list in
+            core.rebalance(rk, error, list)
+        }
+        let handle = try RDKafkaHandle(
+            type: RD_KAFKA_CONSUMER,
+            properties: configuration.rdKafkaProperties(),
+            context: context
+        ) { conf in
+            rd_kafka_conf_set_rebalance_cb(conf) { rk, error, list, _ in
+                guard let rk, let list, let context = ClientContext.from(rk) else { return }
+                context.rebalance?(rk, error, list)
+            }
+        }
+        // Serve logs, errors and statistics from the consumer queue, on the polling thread.
+        rd_kafka_poll_set_consumer(handle.pointer)
+        self.core = core
+        self.handle = handle
+        self.onRevoke = onRevoke
+    }
+
+    /// The records, in batches. Iterate it from one task only. It ends when the consumer closes.
+    public var batches: KafkaRecordBatches { KafkaRecordBatches(core: core) }
+
+    /// Marks one record's work finished (successfully or not: finished means its offset may be
+    /// stored). Cheap and thread-safe; call it from anywhere.
+    public func markFinished(_ receipt: KafkaRecordReceipt) {
+        core.markFinished(CollectionOfOne(receipt))
+    }
+
+    public func markFinished(_ record: KafkaRecord) {
+        core.markFinished(CollectionOfOne(record.receipt))
+    }
+
+    /// Marks many records finished under one lock acquisition.
+    public func markFinished(_ records: some Sequence<KafkaRecord>) {
+        core.markFinished(records.lazy.map(\.receipt))
+    }
+
+    /// Stops fetching these partitions (records already buffered are still handed out). Takes
+    /// effect within one poll timeout. Partitions not assigned are remembered until they are.
+    public func pause(_ partitions: [TopicPartition]) { core.setPaused(partitions, paused: true) }
+
+    /// Resumes fetching these partitions.
+    public func resume(_ partitions: [TopicPartition]) { core.setPaused(partitions, paused: false) }
+
+    /// Stops fetching every partition, present and future, until ``resumeAll()``.
+    public func pauseAll() { core.setPauseAll(true) }
+
+    /// Undoes ``pauseAll()`` and every ``pause(_:)``.
+    public func resumeAll() { core.setPauseAll(false) }
+
+    /// The partitions currently assigned to this consumer.
+    public var assignment: [TopicPartition] { core.assignedPartitions() }
+
+    /// The assigned partitions librdkafka is currently not fetching: those paused by the caller,
+    /// or all of them while the buffer is full.
+    public var pausedPartitions: [TopicPartition] { core.pausedPartitions() }
+
+    /// Records handed out and not yet released by ``markFinished(_:)-(KafkaRecordReceipt)``.
+    public var inFlight: Int { core.inFlightCount() }
+
+    /// The offset stored (or about to be) for a partition: one past its finished prefix.
+    public func storedOffset(_ partition: TopicPartition) -> Int64? { core.storableOffset(partition) }
+
+    /// Consumer lag per assigned partition: the high watermark (from the latest fetch) minus the
+    /// offset that would be committed now. Also published as the gauge `kafka.consumer.lag`.
+    public func lag() -> [TopicPartition: Int64] { core.lag(handle.pointer) }
+
+    /// Closes the consumer as at shutdown: ends ``batches``, drains, commits, leaves the group.
+    /// ``run()`` returns once that is done.
+    public func close() { core.requestClose() }
+
+    /// Joins the group (subscribes), polls until graceful shutdown, cancellation or ``close()``,
+    /// then closes the consumer. Call it once. Throws if subscribing fails.
+    public func run() async throws {
+        guard core.markStarted() else {
+            throw KafkaError(code: .invalidArgument, message: "KafkaConsumer.run() was called twice")
+        }
+        let core = self.core
+        let handle = self.handle
+        let onRevoke = self.onRevoke
+        let failure = Mutex<KafkaError?>(nil)
+        await withDiscardingTaskGroup { group in
+            if let onRevoke {
+                group.addTask {
+                    for await request in core.revocationRequests {
+                        await onRevoke(request.partitions)
+                        core.revocationHandled(request.id)
+                    }
+                }
+            }
+            await withGracefulShutdownHandler {
+                await withTaskCancellationHandler {
+                    let error = await BlockingThread.run(name: "kafka-consumer-poll") {
+                        core.pollLoop(handle: handle)
+                    }
+                    failure.withLock { $0 = error }
+                } onCancel: {
+                    core.requestClose()
+                }
+            } onGracefulShutdown: {
+                core.requestClose()
+            }
+            core.finishRevocationRequests()
+        }
+        if let error = failure.withLock({ $0 }) { throw error }
+    }
+}
+
+/// The records of a ``KafkaConsumer``, in batches of at most
+/// ``KafkaConsumerConfiguration/maxBatchSize``.
+public struct KafkaRecordBatches: AsyncSequence, Sendable {
+    public typealias Element = [KafkaRecord]
+    let core: ConsumerCore
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        let core: ConsumerCore
+
+        public mutating func next() async -> [KafkaRecord]? {
+            await core.nextBatch()
+        }
+
+        public mutating func next(isolation actor: isolated (any Actor)?) async -> [KafkaRecord]? {
+            await core.nextBatch()
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator { AsyncIterator(core: core) }
+}
+
+struct RevocationRequest: Sendable {
+    var id: UInt64
+    var partitions: [TopicPartition]
+}
+
+/// The consumer's shared state and its polling thread.
+///
+/// `@unchecked Sendable` is safe: everything under "shared" is read and written only while
+/// holding `lock`; everything under "polling thread only" is touched only by the polling thread
+/// (the rebalance callback runs on it too, inside `rd_kafka_consumer_poll`/`_close`).
+final class ConsumerCore: @unchecked Sendable {
+    let configuration: KafkaConsumerConfiguration
+    let logger: Logger
+    let hasRevocationHandler: Bool
+    let revocationRequests: AsyncStream<RevocationRequest>
+    private let revocationContinuation: AsyncStream<RevocationRequest>.Continuation
+
+    // MARK: shared, under `lock`
+    private let lock = NSCondition()
+    private var tracker = OffsetTracker()
+    private var buffer: [[KafkaRecord]] = []
+    private var bufferHead = 0
+    private var bufferedCount = 0
+    private var waiter: UnsafeContinuation<[KafkaRecord]?, Never>?
+    private var finished = false
+    private var started = false
+    private var closeRequested = false
+    private var revoking: Set<TopicPartition> = []
+    private var pendingRevocations: Set<UInt64> = []
+    private var assigned: Set<TopicPartition> = []
+    private var userPaused: Set<TopicPartition> = []
+    private var pauseEverything = false
+    private var pauseDirty = false
+    private var offsetsDirty = false
+    private var pollWaitingForSpace = false
+    private var appliedPauses: Set<TopicPartition> = []
+    /// Bumped whenever records are taken or released; the stall check compares it over time
+    /// (cheaper than reading the clock per record).
+    private var progress: UInt64 = 0
+
+    // MARK: polling thread only
+    private var epochs: [TopicPartition: UInt64] = [:]
+    private var rdPaused: Set<TopicPartition> = []
+    private var internallyPaused = false
+    private var topicNames: [UnsafePointer<CChar>: String] = [:]
+    /// The epoch of the partition of the previous record: records come in runs of one partition.
+    private var lastEpoch: (topic: String, partition: Int32, epoch: UInt64)?
+    private var nextRevocationID: UInt64 = 1
+
+    init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool) {
+        self.configuration = configuration
+        self.logger = logger
+        self.hasRevocationHandler = hasRevocationHandler
+        (revocationRequests, revocationContinuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
+    }
+
+    @discardableResult
+    private func locked<T>(_ body: () throws -> T) rethrows -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body()
+    }
+
+    // MARK: - Caller side
+
+    func markStarted() -> Bool {
+        locked {
+            defer { started = true }
+            return !started
+        }
+    }
+
+    func requestClose() {
+        locked {
+            closeRequested = true
+            lock.broadcast()
+        }
+    }
+
+    func finishRevocationRequests() {
+        revocationContinuation.finish()
+    }
+
+    func revocationHandled(_ id: UInt64) {
+        locked {
+            pendingRevocations.remove(id)
+            lock.broadcast()
+        }
+    }
+
+    func markFinished(_ receipts: some Sequence<KafkaRecordReceipt>) {
+        lock.lock()
+        var advanced = false
+        for receipt in receipts {
+            if case .advanced = tracker.finished(receipt.topicPartition, offset: receipt.offset, epoch: receipt.assignmentEpoch) {
+                advanced = true
+            }
+        }
+        if advanced {
+            offsetsDirty = true
+            progress &+= 1
+        }
+        // A revocation may be waiting for these.
+        if !revoking.isEmpty { lock.broadcast() }
+        lock.unlock()
+    }
+
+    func setPaused(_ partitions: [TopicPartition], paused: Bool) {
+        locked {
+            if paused { userPaused.formUnion(partitions) } else { userPaused.subtract(partitions) }
+            pauseDirty = true
+        }
+    }
+
+    func setPauseAll(_ paused: Bool) {
+        locked {
+            pauseEverything = paused
+            if !paused { userPaused.removeAll() }
+            pauseDirty = true
+        }
+    }
+
+    func assignedPartitions() -> [TopicPartition] { locked { Array(assigned) } }
+    func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
+    func inFlightCount() -> Int { locked { tracker.totalInFlight } }
+    func storableOffset(_ partition: TopicPartition) -> Int64? { locked { tracker.storableOffset(partition) } }
+
+    func nextBatch() async -> [KafkaRecord]? {
+        // Fast path: a batch is ready.
+        if let batch = locked({ takeBatchLocked() }) { return batch }
+        return await withTaskCancellationHandler {
+            await withUnsafeContinuation { (continuation: UnsafeContinuation<[KafkaRecord]?, Never>) in
+                lock.lock()
+                if let batch = takeBatchLocked() {
+                    lock.unlock()
+                    continuation.resume(returning: batch)
+                } else if finished || Task.isCancelled {
+                    lock.unlock()
+                    continuation.resume(returning: nil)
+                } else {
+                    waiter = continuation
+                    lock.unlock()
+                }
+            }
+        } onCancel: {
+            let waiting: UnsafeContinuation<[KafkaRecord]?, Never>? = locked {
+                defer { waiter = nil }
+                return waiter
+            }
+            waiting?.resume(returning: nil)
+        }
+    }
+
+    /// Takes the next non-empty batch of dispatchable records, registering them with the tracker.
+    private func takeBatchLocked() -> [KafkaRecord]? {
+        while bufferHead < buffer.count {
+            let chunk = buffer[bufferHead]
+            buffer[bufferHead] = []
+            bufferHead += 1
+            if bufferHead == buffer.count {
+                buffer.removeAll(keepingCapacity: true)
+                bufferHead = 0
+            }
+            bufferedCount -= chunk.count
+            if pollWaitingForSpace, bufferedCount < configuration.bufferCapacity / 2 + 1 { lock.broadcast() }
+            // Records of partitions being revoked, or fetched under an older assignment, are
+            // dropped: they were never dispatched, so they will be fetched again. Usually none is,
+            // and the chunk is handed over as is, without copying records.
+            var rejected: [Int] = []
+            for index in chunk.indices {
+                let record = chunk[index]
+                let partition = record.topicPartition
+                if (!revoking.isEmpty && revoking.contains(partition))
+                    || !tracker.dispatched(partition, offset: record.offset, epoch: record.assignmentEpoch)
+                {
+                    rejected.append(index)
+                }
+            }
+            var out = chunk
+            if !rejected.isEmpty {
+                out = chunk.indices.filter { !rejected.contains($0) }.map { chunk[$0] }
+            }
+            if !out.isEmpty {
+                progress &+= 1
+                return out
+            }
+        }
+        return nil
+    }
+
+    func lag(_ rk: OpaquePointer) -> [TopicPartition: Int64] {
+        let snapshot: [(TopicPartition, Int64?)] = locked { assigned.map { ($0, tracker.storableOffset($0)) } }
+        guard !snapshot.isEmpty else { return [:] }
+        let list = TopicPartitionList(snapshot.map(\.0))
+        rd_kafka_position(rk, list.pointer)
+        let positions = TopicPartitionList.read(list.pointer)
+        var out: [TopicPartition: Int64] = [:]
+        for (index, (partition, storable)) in snapshot.enumerated() {
+            var low: Int64 = -1
+            var high: Int64 = -1
+            let error = rd_kafka_get_watermark_offsets(rk, partition.topic, partition.partition, &low, &high)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR, high >= 0 else { continue }
+            let position = positions[index].1
+            guard let consumed = storable ?? (position >= 0 ? position : nil) else { continue }
+            out[partition] = max(0, high - consumed)
+        }
+        return out
+    }
+
+    // MARK: - Polling thread
+
+    /// Subscribes, then polls until asked to close. Returns the error if subscribing failed.
+    func pollLoop(handle: RDKafkaHandle) -> KafkaError? {
+        let rk = handle.pointer
+        // Subscribing here, not in init, so that a consumer joins its group only once something
+        // polls it: a member that does not poll would hold up every rebalance of the group.
+        let topics = TopicPartitionList(capacity: configuration.topics.count)
+        for topic in configuration.topics {
+            topics.add(TopicPartition(topic: topic, partition: RD_KAFKA_PARTITION_UA))
+        }
+        let subscribeError = rd_kafka_subscribe(rk, topics.pointer)
+        guard subscribeError == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            let waiting: UnsafeContinuation<[KafkaRecord]?, Never>? = locked {
+                finished = true
+                defer { waiter = nil }
+                return waiter
+            }
+            waiting?.resume(returning: nil)
+            return KafkaError(
+                code: .subscription,
+                message: "could not subscribe to \(configuration.topics.joined(separator: ", "))",
+                rdKafka: subscribeError
+            )
+        }
+        let capacity = configuration.bufferCapacity
+        let pollMilliseconds = Int32(clamping: max(1, configuration.pollTimeout.milliseconds))
+        var batch: [KafkaRecord] = []
+        batch.reserveCapacity(configuration.maxBatchSize)
+        var nextHousekeeping = ContinuousClock.now
+        var stallReported = false
+        var lastProgress = (count: UInt64(0), at: ContinuousClock.now)
+
+        while true {
+            lock.lock()
+            if closeRequested {
+                lock.unlock()
+                break
+            }
+            var full = bufferedCount >= capacity
+            if full {
+                // Give the caller a moment to take records before pausing the partitions.
+                pollWaitingForSpace = true
+                _ = lock.wait(until: Date(timeIntervalSinceNow: 0.05))
+                pollWaitingForSpace = false
+                full = bufferedCount >= capacity
+            }
+            let resumeInternal = internallyPaused && bufferedCount <= capacity / 2
+            let applyPauses = pauseDirty || resumeInternal || (full && !internallyPaused)
+            pauseDirty = false
+            let toStore = offsetsDirty ? tracker.takeStorable() : []
+            offsetsDirty = false
+            lock.unlock()
+
+            if full { internallyPaused = true } else if resumeInternal { internallyPaused = false }
+            if applyPauses { self.applyPauses(rk) }
+            if !toStore.isEmpty { storeOffsets(rk, toStore) }
+
+            // While paused for back-pressure, poll briefly: only to serve rebalances and events.
+            var timeout = internallyPaused ? Int32(10) : pollMilliseconds
+            while batch.count < configuration.maxBatchSize {
+                guard let message = rd_kafka_consumer_poll(rk, timeout) else { break }
+                timeout = 0
+                if message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR {
+                    batch.append(record(from: message))
+                } else {
+                    consumerError(message.pointee)
+                }
+                rd_kafka_message_destroy(message)
+            }
+            if !batch.isEmpty {
+                handle.context.consumed.increment(by: Int64(batch.count))
+                deliver(batch)
+                batch = []
+                batch.reserveCapacity(configuration.maxBatchSize)
+            }
+
+            let now = ContinuousClock.now
+            if now >= nextHousekeeping {
+                nextHousekeeping = now + .seconds(1)
+                publishLag(rk, clientID: handle.context.clientID)
+                stallReported = checkStall(now: now, last: &lastProgress, alreadyReported: stallReported)
+            }
+        }
+
+        // Closing: hand out nothing more; what was buffered was never dispatched and is refetched
+        // by whoever owns the partition next.
+        let waiting: UnsafeContinuation<[KafkaRecord]?, Never>? = locked {
+            finished = true
+            buffer.removeAll()
+            bufferHead = 0
+            bufferedCount = 0
+            defer { waiter = nil }
+            return waiter
+        }
+        waiting?.resume(returning: nil)
+        // Store what finished since the last loop, then close: that serves the final revocation
+        // (draining, storing) and commits.
+        let toStore = locked { tracker.takeStorable() }
+        if !toStore.isEmpty { storeOffsets(rk, toStore) }
+        let error = rd_kafka_consumer_close(rk)
+        if error != RD_KAFKA_RESP_ERR_NO_ERROR {
+            logger.warning("consumer close reported an error", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
+        }
+        logger.debug("consumer closed")
+        return nil
+    }
+
+    private func deliver(_ batch: [KafkaRecord]) {
+        lock.lock()
+        guard !finished else {
+            lock.unlock()
+            return
+        }
+        buffer.append(batch)
+        bufferedCount += batch.count
+        var resumption: (UnsafeContinuation<[KafkaRecord]?, Never>, [KafkaRecord])?
+        if let waiting = waiter, let ready = takeBatchLocked() {
+            waiter = nil
+            resumption = (waiting, ready)
+        }
+        lock.unlock()
+        if let (continuation, ready) = resumption { continuation.resume(returning: ready) }
+    }
+
+    private func record(from message: UnsafeMutablePointer<rd_kafka_message_t>) -> KafkaRecord {
+        let m = message.pointee
+        let topic = topicName(m.rkt)
+        let epoch: UInt64
+        if let last = lastEpoch, last.partition == m.partition, last.topic == topic {
+            epoch = last.epoch
+        } else {
+            epoch = epochs[TopicPartition(topic: topic, partition: m.partition)] ?? 0
+            lastEpoch = (topic, m.partition, epoch)
+        }
+        let key = m.key.map { [UInt8](UnsafeRawBufferPointer(start: $0, count: m.key_len)) }
+        let value = m.payload.map { [UInt8](UnsafeRawBufferPointer(start: $0, count: m.len)) } ?? []
+        var headers: [RecordHeader] = []
+        var list: OpaquePointer?
+        if rd_kafka_message_headers(message, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list {
+            var index = 0
+            var name: UnsafePointer<CChar>?
+            var headerValue: UnsafeRawPointer?
+            var size = 0
+            while rd_kafka_header_get_all(list, index, &name, &headerValue, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
+                let bytes = headerValue.map { [UInt8](UnsafeRawBufferPointer(start: $0, count: size)) }
+                headers.append(RecordHeader(key: name.map { String(cString: $0) } ?? "", value: bytes))
+                index += 1
+            }
+        }
+        var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
+        let timestamp = rd_kafka_message_timestamp(message, &timestampType)
+        return KafkaRecord(
+            topic: topic,
+            partition: m.partition,
+            offset: m.offset,
+            key: key,
+            value: value,
+            headers: headers,
+            timestamp: timestamp >= 0 ? timestamp : nil,
+            assignmentEpoch: epoch
+        )
+    }
+
+    /// Topic names, cached by librdkafka's name pointer (stable while the topic object lives; the
+    /// cached text is compared, so a reused address cannot yield a wrong name).
+    private func topicName(_ rkt: OpaquePointer?) -> String {
+        guard let rkt, let name = rd_kafka_topic_name(rkt) else { return "" }
+        if let cached = topicNames[name], cached.withCString({ strcmp($0, name) == 0 }) { return cached }
+        let text = String(cString: name)
+        topicNames[name] = text
+        return text
+    }
+
+    private func consumerError(_ message: rd_kafka_message_t) {
+        let name = KafkaError.errorName(message.err)
+        Counter(label: "kafka.consumer.errors", dimensions: [("client", configuration.client.clientID), ("code", name)]).increment()
+        let text = message.payload.map {
+            String(decoding: UnsafeRawBufferPointer(start: $0, count: message.len), as: UTF8.self)
+        } ?? KafkaError.errorText(message.err)
+        logger.warning("consumer error", metadata: ["kafka.error": "\(name)", "kafka.reason": "\(text)"])
+    }
+
+    private func applyPauses(_ rk: OpaquePointer) {
+        let desired: Set<TopicPartition> = locked {
+            internallyPaused || pauseEverything ? assigned : assigned.intersection(userPaused)
+        }
+        let toPause = desired.subtracting(rdPaused)
+        let toResume = rdPaused.subtracting(desired)
+        if !toPause.isEmpty {
+            let list = TopicPartitionList(toPause)
+            rd_kafka_pause_partitions(rk, list.pointer)
+            logger.debug("paused partitions", metadata: ["kafka.partitions": "\(toPause.map(\.description).sorted())"])
+        }
+        if !toResume.isEmpty {
+            let list = TopicPartitionList(toResume)
+            rd_kafka_resume_partitions(rk, list.pointer)
+            logger.debug("resumed partitions", metadata: ["kafka.partitions": "\(toResume.map(\.description).sorted())"])
+        }
+        rdPaused = desired
+        locked { appliedPauses = desired }
+    }
+
+    private func storeOffsets(_ rk: OpaquePointer, _ offsets: [(TopicPartition, Int64)]) {
+        let list = TopicPartitionList(capacity: offsets.count)
+        for (partition, offset) in offsets { list.add(partition, offset: offset) }
+        let error = rd_kafka_offsets_store(rk, list.pointer)
+        if error != RD_KAFKA_RESP_ERR_NO_ERROR {
+            // Per-partition errors (e.g. _STATE for a partition no longer assigned) are in the list.
+            let failed = TopicPartitionList.read(list.pointer).filter { $0.2 != RD_KAFKA_RESP_ERR_NO_ERROR }
+            logger.warning(
+                "storing offsets failed",
+                metadata: [
+                    "kafka.error": "\(KafkaError.errorName(error))",
+                    "kafka.partitions": "\(failed.map { "\($0.0)@\($0.1): \(KafkaError.errorName($0.2))" })",
+                ]
+            )
+        }
+    }
+
+    private func publishLag(_ rk: OpaquePointer, clientID: String) {
+        for (partition, lag) in lag(rk) {
+            Gauge(
+                label: "kafka.consumer.lag",
+                dimensions: [("client", clientID), ("topic", partition.topic), ("partition", "\(partition.partition)")]
+            ).record(lag)
+        }
+    }
+
+    /// librdkafka 2.0.2 resets max.poll.interval.ms on every poll, so it cannot see a worker
+    /// that stopped taking or finishing records: report that here.
+    private func checkStall(
+        now: ContinuousClock.Instant,
+        last: inout (count: UInt64, at: ContinuousClock.Instant),
+        alreadyReported: Bool
+    ) -> Bool {
+        let (busy, count) = locked { (bufferedCount > 0 || tracker.totalInFlight > 0, progress) }
+        if count != last.count || !busy { last = (count, now) }
+        let since = last.at
+        guard busy, now - since > configuration.stallWarning else { return false }
+        if !alreadyReported {
+            Counter(label: "kafka.consumer.stalls", dimensions: [("client", configuration.client.clientID)]).increment()
+            logger.error(
+                "consumer pipeline stalled: records are waiting but none was taken or finished",
+                metadata: ["kafka.stalled_for": "\(now - since)"]
+            )
+        }
+        return true
+    }
+
+    // MARK: - Rebalance (polling thread, inside rd_kafka_consumer_poll / _close)
+
+    func rebalance(
+        _ rk: OpaquePointer,
+        _ event: rd_kafka_resp_err_t,
+        _ list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>
+    ) {
+        let partitions = TopicPartitionList.read(list).map(\.0)
+        lastEpoch = nil
+        let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) } == "COOPERATIVE"
+        switch event {
+        case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+            locked {
+                for partition in partitions {
+                    epochs[partition] = tracker.assign(partition)
+                    assigned.insert(partition)
+                }
+            }
+            if cooperative {
+                if let error = rd_kafka_incremental_assign(rk, list) {
+                    logger.error("\(KafkaError(code: .rebalance, message: "incremental assign failed", consuming: error))")
+                }
+            } else {
+                let error = rd_kafka_assign(rk, list)
+                if error != RD_KAFKA_RESP_ERR_NO_ERROR {
+                    logger.error("\(KafkaError(code: .rebalance, message: "assign failed", rdKafka: error))")
+                }
+            }
+            logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions.map(\.description).sorted())"])
+            applyPauses(rk)
+
+        case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
+            if rd_kafka_assignment_lost(rk) != 0 {
+                locked {
+                    for partition in partitions {
+                        tracker.lose(partition)
+                        assigned.remove(partition)
+                    }
+                }
+                logger.warning(
+                    "partition assignment lost; abandoning in-flight work",
+                    metadata: ["kafka.partitions": "\(partitions.map(\.description).sorted())"]
+                )
+            } else {
+                drain(partitions)
+                let offsets: [(TopicPartition, Int64)] = locked {
+                    defer {
+                        revoking.subtract(partitions)
+                        for partition in partitions { assigned.remove(partition) }
+                    }
+                    return partitions.compactMap { partition in tracker.revoke(partition).map { (partition, $0) } }
+                }
+                // Must happen before unassigning: librdkafka refuses offsets of unassigned partitions.
+                if !offsets.isEmpty { storeOffsets(rk, offsets) }
+                logger.info(
+                    "partitions revoked",
+                    metadata: ["kafka.partitions": "\(partitions.map(\.description).sorted())", "kafka.stored": "\(offsets.map { "\($0.0)@\($0.1)" })"]
+                )
+            }
+            for partition in partitions {
+                epochs.removeValue(forKey: partition)
+                rdPaused.remove(partition)
+            }
+            locked { appliedPauses.subtract(partitions) }
+            if cooperative {
+                if let error = rd_kafka_incremental_unassign(rk, list) {
+                    logger.error("\(KafkaError(code: .rebalance, message: "incremental unassign failed", consuming: error))")
+                }
+            } else {
+                _ = rd_kafka_assign(rk, nil)
+            }
+
+        default:
+            logger.error("rebalance error", metadata: ["kafka.error": "\(KafkaError.errorName(event))"])
+            if !cooperative { _ = rd_kafka_assign(rk, nil) }
+        }
+    }
+
+    /// Stops dispatching `partitions`, asks the revocation hook to finish their work, and waits
+    /// (up to the drain timeout) for the hook and for their in-flight records.
+    private func drain(_ partitions: [TopicPartition]) {
+        let id = nextRevocationID
+        nextRevocationID += 1
+        var hookPending = false
+        locked { revoking.formUnion(partitions) }
+        if hasRevocationHandler {
+            locked { pendingRevocations.insert(id) }
+            if case .enqueued = revocationContinuation.yield(RevocationRequest(id: id, partitions: partitions)) {
+                hookPending = true
+            } else {
+                locked { _ = pendingRevocations.remove(id) }
+            }
+        }
+        let deadline = Date(timeIntervalSinceNow: Double(configuration.drainTimeout.milliseconds) / 1000)
+        lock.lock()
+        var timedOut = false
+        while (hookPending && pendingRevocations.contains(id)) || partitions.contains(where: { tracker.inFlight($0) > 0 }) {
+            if !lock.wait(until: deadline) {
+                timedOut = true
+                break
+            }
+        }
+        let remaining = partitions.reduce(0) { $0 + tracker.inFlight($1) }
+        pendingRevocations.remove(id)
+        lock.unlock()
+        if timedOut {
+            logger.warning(
+                "revocation drain timed out; unfinished records will be redelivered",
+                metadata: ["kafka.in_flight": "\(remaining)", "kafka.partitions": "\(partitions.map(\.description).sorted())"]
+            )
+        }
+    }
+}

@@ -1,0 +1,209 @@
+import APNsCore
+import CRdKafka
+import Logging
+import Metrics
+
+/// The Swift state librdkafka's callbacks reach through the handle's opaque pointer
+/// (`rd_kafka_conf_set_opaque`). The handle keeps it alive for as long as librdkafka may call back.
+final class ClientContext: Sendable {
+    let logger: Logger
+    let clientID: String
+    /// Called on the polling thread, inside `rd_kafka_consumer_poll` or `rd_kafka_consumer_close`.
+    let rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
+    let delivered: Counter
+    let deliveryFailed: Counter
+    let consumed: Counter
+
+    init(
+        logger: Logger,
+        clientID: String,
+        rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)? = nil
+    ) {
+        self.logger = logger
+        self.clientID = clientID
+        self.rebalance = rebalance
+        self.delivered = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "delivered")])
+        self.deliveryFailed = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "failed")])
+        self.consumed = Counter(label: "kafka.consumer.records", dimensions: [("client", clientID)])
+    }
+
+    static func from(_ rk: OpaquePointer?) -> ClientContext? {
+        guard let rk, let opaque = rd_kafka_opaque(rk) else { return nil }
+        return Unmanaged<ClientContext>.fromOpaque(opaque).takeUnretainedValue()
+    }
+
+    func log(level: Int32, facility: String, message: String) {
+        // librdkafka uses syslog levels.
+        let swiftLevel: Logger.Level
+        switch level {
+        case ...2: swiftLevel = .critical
+        // A broker connection failing is routine while a broker restarts, and librdkafka retries.
+        case 3 where facility == "FAIL": swiftLevel = .warning
+        case 3: swiftLevel = .error
+        case 4: swiftLevel = .warning
+        case 5: swiftLevel = .notice
+        case 6: swiftLevel = .info
+        default: swiftLevel = .debug
+        }
+        logger.log(level: swiftLevel, "\(message)", metadata: ["kafka.facility": "\(facility)"], source: "librdkafka")
+    }
+
+    func error(code: Int32, reason: String) {
+        let name = KafkaErrorCodes.name(of: code)
+        Counter(label: "kafka.errors", dimensions: [("client", clientID), ("code", name)]).increment()
+        // Broker connection errors are routine while a broker restarts; librdkafka retries them.
+        let transient = code == RD_KAFKA_RESP_ERR__TRANSPORT.rawValue || code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN.rawValue
+            || code == RD_KAFKA_RESP_ERR__RESOLVE.rawValue
+        logger.log(
+            level: code == RD_KAFKA_RESP_ERR__FATAL.rawValue ? .critical : (transient ? .info : .warning),
+            "librdkafka error",
+            metadata: ["kafka.error": "\(name)", "kafka.reason": "\(reason)"]
+        )
+    }
+
+    func statistics(_ json: [UInt8]) {
+        guard let stats = try? JSONParser.parse(json) else { return }
+        let client = ("client", clientID)
+        for (field, label) in [
+            ("msg_cnt", "kafka.client.queue.messages"), ("msg_size", "kafka.client.queue.bytes"),
+            ("txmsgs", "kafka.client.tx.messages"), ("rxmsgs", "kafka.client.rx.messages"),
+            ("replyq", "kafka.client.reply.queue"),
+        ] {
+            if let value = stats[field]?.double { Gauge(label: label, dimensions: [client]).record(value) }
+        }
+        if case .object(let brokers)? = stats["brokers"] {
+            for broker in brokers {
+                // Average round-trip time in microseconds over the last window.
+                if let rtt = broker.value["rtt"]?["avg"]?.double, rtt > 0 {
+                    Gauge(label: "kafka.broker.rtt.us", dimensions: [client, ("broker", broker.key)]).record(rtt)
+                }
+            }
+        }
+    }
+}
+
+/// Owns one `rd_kafka_t`, destroying it in `deinit`.
+///
+/// `@unchecked Sendable` is safe: the pointer never changes, librdkafka's handle API is thread-safe
+/// for every call made through it here, and `rd_kafka_destroy` runs only in `deinit`, when no
+/// other reference (the polling thread holds one) can still use the pointer.
+final class RDKafkaHandle: @unchecked Sendable {
+    let pointer: OpaquePointer
+    let context: ClientContext
+    private let isConsumer: Bool
+
+    /// The retained context passed to librdkafka; balanced in `deinit`.
+    private let contextOpaque: UnsafeMutableRawPointer
+
+    init(
+        type: rd_kafka_type_t,
+        properties: [(key: String, value: String)],
+        context: ClientContext,
+        configure: (OpaquePointer) -> Void = { _ in }
+    ) throws(KafkaError) {
+        guard let conf = rd_kafka_conf_new() else {
+            throw KafkaError(code: .clientCreation, message: "rd_kafka_conf_new returned nothing")
+        }
+        var confOwned = true
+        defer { if confOwned { rd_kafka_conf_destroy(conf) } }
+
+        for (key, value) in properties {
+            try Self.set(conf, key, value)
+        }
+        let opaque = Unmanaged.passRetained(context).toOpaque()
+        rd_kafka_conf_set_opaque(conf, opaque)
+        rd_kafka_conf_set_log_cb(conf) { rk, level, facility, message in
+            guard let context = ClientContext.from(rk) else { return }
+            context.log(
+                level: level,
+                facility: facility.map { String(cString: $0) } ?? "",
+                message: message.map { String(cString: $0) } ?? ""
+            )
+        }
+        rd_kafka_conf_set_error_cb(conf) { rk, code, reason, _ in
+            ClientContext.from(rk)?.error(code: code, reason: reason.map { String(cString: $0) } ?? "")
+        }
+        rd_kafka_conf_set_stats_cb(conf) { rk, json, length, _ in
+            guard let json, let context = ClientContext.from(rk) else { return 0 }
+            let bytes = [UInt8](UnsafeRawBufferPointer(start: json, count: length))
+            context.statistics(bytes)
+            return 0  // librdkafka frees `json`
+        }
+        configure(conf)
+
+        var errorText = [CChar](repeating: 0, count: 512)
+        guard let handle = rd_kafka_new(type, conf, &errorText, errorText.count) else {
+            Unmanaged<ClientContext>.fromOpaque(opaque).release()
+            let text = errorText.withUnsafeBufferPointer { buffer in
+                buffer.baseAddress.map { String(cString: $0) } ?? ""
+            }
+            throw KafkaError(code: .clientCreation, message: "librdkafka could not create the client: \(text)")
+        }
+        confOwned = false  // rd_kafka_new took it
+        self.pointer = handle
+        self.context = context
+        self.contextOpaque = opaque
+        self.isConsumer = type == RD_KAFKA_CONSUMER
+    }
+
+    deinit {
+        if isConsumer {
+            // The consumer is closed explicitly on its polling thread (which serves the final
+            // rebalance); closing again here would run callbacks nobody polls.
+            rd_kafka_destroy_flags(pointer, Int32(RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE))
+        } else {
+            rd_kafka_destroy(pointer)
+        }
+        Unmanaged<ClientContext>.fromOpaque(contextOpaque).release()
+    }
+
+    private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
+        var errorText = [CChar](repeating: 0, count: 512)
+        let result = rd_kafka_conf_set(conf, key, value, &errorText, errorText.count)
+        guard result != RD_KAFKA_CONF_OK else { return }
+        if result == RD_KAFKA_CONF_UNKNOWN {
+            throw KafkaError(code: .configuration, message: "unknown librdkafka property '\(key)'")
+        }
+        if KafkaClientConfiguration.isSecret(key) {
+            // librdkafka's message may quote the value.
+            throw KafkaError(code: .configuration, message: "invalid value for property '\(key)' (value hidden)")
+        }
+        let text = errorText.withUnsafeBufferPointer { buffer in
+            buffer.baseAddress.map { String(cString: $0) } ?? ""
+        }
+        throw KafkaError(code: .configuration, message: "invalid value for property '\(key)': \(text)")
+    }
+}
+
+/// An `rd_kafka_topic_partition_list_t` built from Swift, destroyed in `deinit`.
+/// Used only on the thread that made it.
+final class TopicPartitionList {
+    let pointer: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>
+
+    init(capacity: Int) {
+        pointer = rd_kafka_topic_partition_list_new(Int32(max(1, capacity)))
+    }
+
+    convenience init(_ partitions: some Collection<TopicPartition>) {
+        self.init(capacity: partitions.count)
+        for partition in partitions { add(partition) }
+    }
+
+    @discardableResult
+    func add(_ partition: TopicPartition, offset: Int64? = nil) -> UnsafeMutablePointer<rd_kafka_topic_partition_t> {
+        let element = rd_kafka_topic_partition_list_add(pointer, partition.topic, partition.partition)!
+        if let offset { element.pointee.offset = offset }
+        return element
+    }
+
+    deinit { rd_kafka_topic_partition_list_destroy(pointer) }
+
+    static func read(_ list: UnsafePointer<rd_kafka_topic_partition_list_t>) -> [(TopicPartition, Int64, rd_kafka_resp_err_t)] {
+        guard let elements = list.pointee.elems else { return [] }
+        return (0..<Int(list.pointee.cnt)).map { index in
+            let element = elements[index]
+            let topic = element.topic.map { String(cString: $0) } ?? ""
+            return (TopicPartition(topic: topic, partition: element.partition), element.offset, element.err)
+        }
+    }
+}

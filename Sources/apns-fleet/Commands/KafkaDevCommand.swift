@@ -1,0 +1,161 @@
+import ArgumentParser
+import Foundation
+import KafkaTransport
+import Logging
+import ServiceLifecycle
+import UnixSignals
+
+/// `apns-fleet kafka-dev`: an embedded Kafka (librdkafka's mock cluster) for development, the
+/// demo and tests, with fault injection on stdin.
+struct KafkaDevCommand: AsyncParsableCommand {
+    static let projectTopics = ["apns.jobs", "apns.jobs.retry", "apns.jobs.dlq", "apns.results", "apns.token-events"]
+
+    static let configuration = CommandConfiguration(
+        commandName: "kafka-dev",
+        abstract: "Run an embedded Kafka cluster for development and tests.",
+        discussion: """
+            Starts librdkafka's mock cluster with N brokers on 127.0.0.1 (random ports), creates \
+            the project's topics, prints the bootstrap servers as the first line of standard \
+            output, and runs until SIGTERM or SIGINT. Any Kafka client can connect.
+
+            Limits: it is a test double, not Kafka. It implements no CreateTopics or other admin \
+            requests (topics come from --topic, or the create-topic command), keeps only about \
+            5 MiB (or 100,000 batches) per partition, dropping the oldest, persists nothing, and \
+            its ports change on every start. Production uses a real Kafka cluster (docs/kafka.md).
+
+            Fault commands, one per line on standard input, each answered on standard output \
+            with "ok ..." or "error: ...":
+              broker-down 1 | broker-up 1 | rtt 1 200 | leader apns.jobs 0 2
+              request-errors Produce 3 NOT_LEADER_FOR_PARTITION | clear-request-errors Produce
+              create-topic NAME PARTITIONS [RF] | bootstrap | help
+
+            Example:
+              apns-fleet kafka-dev --brokers 3 --partitions 12 --bootstrap-file /tmp/kafka.bootstrap &
+              kcat -b "$(cat /tmp/kafka.bootstrap)" -L
+              echo hello | kcat -b "$(cat /tmp/kafka.bootstrap)" -P -t apns.jobs
+              kcat -b "$(cat /tmp/kafka.bootstrap)" -C -t apns.jobs -e
+            """
+    )
+
+    @Option(help: "Number of brokers (ids 1...N).")
+    var brokers: Int = 3
+
+    @Option(help: "Partitions of each topic.")
+    var partitions: Int = 8
+
+    @Option(help: "Replication factor of each topic (at most the number of brokers).")
+    var replicationFactor: Int = 1
+
+    @Option(
+        name: .customLong("topic"),
+        help: ArgumentHelp(
+            "A topic to create; repeat for several. Default: \(KafkaDevCommand.projectTopics.joined(separator: ", ")).",
+            valueName: "name"
+        )
+    )
+    var topics: [String] = []
+
+    @Option(help: ArgumentHelp("Also write the bootstrap servers to this file (replaced atomically).", valueName: "path"))
+    var bootstrapFile: String?
+
+    @Flag(help: "Do not read fault commands from standard input.")
+    var noStdin = false
+
+    @Option(help: ArgumentHelp("Log level on standard error (trace, debug, info, notice, warning, error, critical).", valueName: "level"))
+    var logLevel: String = "notice"
+
+    func validate() throws {
+        guard brokers >= 1, brokers <= 64 else { throw ValidationError("--brokers must be 1...64, not \(brokers)") }
+        guard partitions >= 1, partitions <= 10_000 else {
+            throw ValidationError("--partitions must be 1...10000, not \(partitions)")
+        }
+        guard replicationFactor >= 1, replicationFactor <= brokers else {
+            throw ValidationError("--replication-factor must be 1...\(brokers) (the broker count), not \(replicationFactor)")
+        }
+        guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown --log-level '\(logLevel)'") }
+    }
+
+    func run() async throws {
+        // Logs go to stderr: stdout carries the bootstrap line and command answers.
+        var logger = Logger(label: "kafka-dev") { label in StreamLogHandler.standardError(label: label) }
+        logger.logLevel = Logger.Level(rawValue: logLevel) ?? .notice
+
+        let cluster = try MockKafkaCluster(brokers: brokers, logger: logger)
+        let topicNames = topics.isEmpty ? Self.projectTopics : topics
+        for topic in topicNames {
+            try cluster.createTopic(topic, partitions: partitions, replicationFactor: replicationFactor)
+        }
+        let output = ConsoleOutput()
+        output.line(cluster.bootstrapServers)
+        if let bootstrapFile {
+            try writeAtomically(cluster.bootstrapServers + "\n", to: bootstrapFile)
+        }
+        logger.notice(
+            "kafka-dev running",
+            metadata: [
+                "kafka.bootstrap": "\(cluster.bootstrapServers)",
+                "kafka.brokers": "\(brokers)",
+                "kafka.topics": "\(topicNames.joined(separator: ","))",
+                "kafka.partitions": "\(partitions)",
+            ]
+        )
+
+        if !noStdin {
+            let console = MockClusterConsole(cluster: cluster)
+            // stdin is read with blocking calls, so on its own thread. At shutdown the process
+            // exits with the thread still blocked in read(2), which is harmless.
+            let thread = Thread {
+                while let line = readLine() {
+                    let trimmed = line.trimmingCharacters(in: .whitespaces)
+                    if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
+                    output.line(console.execute(trimmed))
+                }
+            }
+            thread.name = "kafka-dev-stdin"
+            thread.start()
+        }
+
+        let group = ServiceGroup(
+            configuration: .init(
+                services: [KafkaDevService(cluster: cluster)],
+                gracefulShutdownSignals: [.sigterm, .sigint],
+                logger: logger
+            )
+        )
+        try await group.run()
+        logger.notice("kafka-dev stopped")
+    }
+
+    private func writeAtomically(_ text: String, to path: String) throws {
+        let temporary = path + ".tmp-\(getpid())"
+        guard FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8)) else {
+            throw ValidationError("cannot write the bootstrap file \(temporary)")
+        }
+        guard rename(temporary, path) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(temporary)
+            throw ValidationError("cannot move the bootstrap file into place at \(path): \(reason)")
+        }
+    }
+}
+
+/// Keeps the mock cluster alive until graceful shutdown.
+private struct KafkaDevService: Service {
+    let cluster: MockKafkaCluster
+
+    func run() async throws {
+        try? await gracefulShutdown()
+        withExtendedLifetime(cluster) {}
+    }
+}
+
+/// Whole lines to stdout, flushed at once (stdout is a pipe when a test or script drives us).
+private final class ConsoleOutput: Sendable {
+    private let lock = NSLock()
+
+    func line(_ text: String) {
+        lock.lock()
+        defer { lock.unlock() }
+        FileHandle.standardOutput.write(Data((text + "\n").utf8))
+    }
+}

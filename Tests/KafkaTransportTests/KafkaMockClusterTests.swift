@@ -1,0 +1,329 @@
+import APNsCore
+import Foundation
+import KafkaTransport
+import Logging
+import Synchronization
+import Testing
+
+@Suite("Kafka against the mock cluster", .timeLimit(.minutes(3)))
+struct KafkaMockClusterTests {
+    @Test func produceConsumeRoundTripWithKeysAndHeaders() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("rt", partitions: 3)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+
+        var reports: [String: KafkaDeliveryReport] = [:]
+        var partitionOfKey: [String: Int32] = [:]
+        for index in 0..<30 {
+            let key = "key-\(index % 5)"
+            let message = KafkaOutgoingMessage(
+                topic: "rt",
+                key: key.bytes,
+                value: "value-\(index)".bytes,
+                headers: [RecordHeader("attempt", "\(index)"), RecordHeader(key: "empty", value: nil)]
+            )
+            let report = try await producer.send(message)
+            #expect(report.topic == "rt")
+            reports["value-\(index)"] = report
+            // One key, one partition.
+            if let earlier = partitionOfKey[key] { #expect(earlier == report.partition) }
+            partitionOfKey[key] = report.partition
+        }
+
+        let received = ReceivedRecords()
+        let consumer = try KafkaConsumer(
+            configuration: consumerConfiguration(cluster, group: "rt-group", topics: ["rt"]),
+            logger: testLogger
+        )
+        try await withTimeout(90, "30 records") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                group.addTask { await consumeLoop(consumer, into: received) }
+                try await waitUntil("30 records") { received.count >= 30 }
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        let records = received.all
+        #expect(records.count == 30)
+        for record in records {
+            let value = String(decoding: record.value, as: UTF8.self)
+            let index = Int(value.dropFirst("value-".count)) ?? -1
+            #expect(record.topic == "rt")
+            #expect(record.key == "key-\(index % 5)".bytes)
+            #expect(record.headers == [RecordHeader("attempt", "\(index)"), RecordHeader(key: "empty", value: nil)])
+            #expect(record.timestamp != nil)
+            #expect(reports[value]?.partition == record.partition)
+            #expect(reports[value]?.offset == record.offset)
+        }
+
+        // The group's offsets were stored and committed: a new member gets only new records.
+        for index in 0..<5 {
+            try await producer.send(KafkaOutgoingMessage(topic: "rt", key: "late".bytes, value: "late-\(index)".bytes))
+        }
+        let again = ReceivedRecords()
+        let second = try KafkaConsumer(
+            configuration: consumerConfiguration(cluster, group: "rt-group", topics: ["rt"]),
+            logger: testLogger
+        )
+        try await withTimeout(90, "5 late records") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await second.run() }
+                group.addTask { await consumeLoop(second, into: again) }
+                try await waitUntil("5 late records") { again.count >= 5 }
+                consumer.close()
+                second.close()
+                try await group.waitForAll()
+            }
+        }
+        let values = again.all.map { String(decoding: $0.value, as: UTF8.self) }
+        #expect(values.sorted() == (0..<5).map { "late-\($0)" })
+        await producer.shutdown(flushTimeout: .seconds(10))
+    }
+
+    @Test func twoConsumersSplitPartitionsThroughARebalanceWithoutLoss() async throws {
+        let cluster = try MockKafkaCluster(brokers: 3, logger: testLogger)
+        try cluster.createTopic("split", partitions: 6)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let deliveries = Deliveries()
+        let stopProducing = Shared(false)
+
+        let receivedA = ReceivedRecords()
+        let receivedB = ReceivedRecords()
+        let revokedFromA = Shared<[TopicPartition]>([])
+        let revokedBeforeClose = Shared<[TopicPartition]>([])
+        let a = try KafkaConsumer(
+            configuration: consumerConfiguration(cluster, group: "split-group", topics: ["split"]),
+            logger: testLogger,
+            onRevoke: { partitions in revokedFromA.update { $0.append(contentsOf: partitions) } }
+        )
+        let b = try KafkaConsumer(
+            configuration: consumerConfiguration(cluster, group: "split-group", topics: ["split"]),
+            logger: testLogger
+        )
+
+        try await withTimeout(150, "the split") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                // A steady stream, so that records are produced and in flight during the rebalance.
+                group.addTask {
+                    var index = 0
+                    while !stopProducing.value {
+                        for _ in 0..<20 {
+                            let message = KafkaOutgoingMessage(topic: "split", key: "k\(index)".bytes, value: "v\(index)".bytes)
+                            try producer.send(message) { deliveries.record($0) }
+                            index += 1
+                        }
+                        try await Task.sleep(for: .milliseconds(10))
+                    }
+                    try await producer.flush(timeout: .seconds(60))
+                }
+                group.addTask { try await a.run() }
+                // A finishes each batch 20 ms later, so a revocation finds work in flight.
+                group.addTask { await consumeLoop(a, into: receivedA, finishDelay: .milliseconds(20)) }
+                try await waitUntil("A to consume") { receivedA.count >= 300 }
+
+                group.addTask { try await b.run() }
+                group.addTask { await consumeLoop(b, into: receivedB) }
+                try await waitUntil("B to get partitions and records") { receivedB.count >= 300 }
+                try await waitUntil("a disjoint split of all 6 partitions") {
+                    let (ofA, ofB) = (Set(a.assignment), Set(b.assignment))
+                    return !ofA.isEmpty && !ofB.isEmpty && ofA.isDisjoint(with: ofB) && ofA.union(ofB).count == 6
+                }
+                stopProducing.update { $0 = true }
+                revokedBeforeClose.update { $0 = revokedFromA.value }
+                try await waitUntil("every delivered record consumed") {
+                    let delivered = deliveries.delivered
+                    return delivered.count > 0 && delivered.isSubset(of: receivedA.positions.union(receivedB.positions))
+                }
+                a.close()
+                b.close()
+                try await group.waitForAll()
+            }
+        }
+        #expect(deliveries.failures.isEmpty)
+        let revoked = revokedBeforeClose.value
+        #expect(!revoked.isEmpty, "A's revocation hook ran when B joined")
+        // The partitions taken from A went to B, which consumed them.
+        let partitionsOfB = Set(receivedB.all.map(\.partition))
+        #expect(Set(revoked.map(\.partition)).isSubset(of: partitionsOfB))
+        #expect(deliveries.delivered.isSubset(of: receivedA.positions.union(receivedB.positions)))
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
+    @Test func pauseStopsFetchingAndResumeContinues() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("pause", partitions: 2)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let received = ReceivedRecords()
+        let consumer = try KafkaConsumer(
+            configuration: consumerConfiguration(cluster, group: "pause-group", topics: ["pause"]),
+            logger: testLogger
+        )
+        try await withTimeout(90, "pause and resume") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                group.addTask { await consumeLoop(consumer, into: received) }
+                for index in 0..<10 {
+                    try await producer.send(KafkaOutgoingMessage(topic: "pause", value: "before-\(index)".bytes))
+                }
+                try await waitUntil("the first 10 records") { received.count >= 10 }
+
+                consumer.pauseAll()
+                try await waitUntil("both partitions paused") { consumer.pausedPartitions.count == 2 }
+                for index in 0..<20 {
+                    try await producer.send(KafkaOutgoingMessage(topic: "pause", value: "while-paused-\(index)".bytes))
+                }
+                // A negative check needs time: nothing may arrive while paused.
+                try await Task.sleep(for: .seconds(1.5))
+                #expect(received.count == 10)
+                #expect(consumer.assignment.count == 2, "still in the group: polling went on")
+
+                consumer.resumeAll()
+                try await waitUntil("the 20 records produced while paused") { received.count >= 30 }
+                #expect(consumer.pausedPartitions.isEmpty)
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        #expect(received.count == 30, "no duplicates after resuming")
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
+    @Test func brokerDownAndUpLosesNothing() async throws {
+        let cluster = try MockKafkaCluster(brokers: 3, logger: testLogger)
+        try cluster.createTopic("bd", partitions: 6, replicationFactor: 3)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let deliveries = Deliveries()
+        let received = ReceivedRecords()
+        let consumer = try KafkaConsumer(
+            configuration: consumerConfiguration(cluster, group: "bd-group", topics: ["bd"]),
+            logger: testLogger
+        )
+        let total = 1000
+        try await withTimeout(150, "recovery from a broker outage") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                group.addTask { await consumeLoop(consumer, into: received) }
+                for index in 0..<(total / 2) {
+                    try producer.send(KafkaOutgoingMessage(topic: "bd", key: "k\(index)".bytes, value: "v\(index)".bytes)) {
+                        deliveries.record($0)
+                    }
+                }
+                try await waitUntil("the first half consumed") { received.count >= total / 2 }
+
+                try cluster.setBrokerDown(2)
+                for index in (total / 2)..<total {
+                    try producer.send(KafkaOutgoingMessage(topic: "bd", key: "k\(index)".bytes, value: "v\(index)".bytes)) {
+                        deliveries.record($0)
+                    }
+                }
+                // The outage lasts a while (the scenario, not a wait for a condition).
+                try await Task.sleep(for: .seconds(2))
+                try cluster.setBrokerUp(2)
+
+                try await producer.flush(timeout: .seconds(60))
+                try await waitUntil("every record consumed") { received.positions.count >= total }
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        #expect(deliveries.failures.isEmpty, "\(deliveries.failures)")
+        #expect(deliveries.delivered.count == total)
+        #expect(deliveries.delivered.isSubset(of: received.positions))
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
+    @Test func producerSurfacesAPermanentBrokerError() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("fail", partitions: 1)
+        try cluster.createTopic("other", partitions: 1)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        try await producer.send(KafkaOutgoingMessage(topic: "fail", value: "ok".bytes))
+
+        cluster.pushRequestErrors(api: .produce, errors: [KafkaErrorCodes.code(named: "TOPIC_AUTHORIZATION_FAILED") ?? -1])
+        let error = await #expect(throws: KafkaError.self) {
+            try await producer.send(KafkaOutgoingMessage(topic: "fail", value: "refused".bytes))
+        }
+        #expect(error?.code == .delivery)
+        #expect(error?.rdKafkaName == "TOPIC_AUTHORIZATION_FAILED")
+        #expect(error?.description.contains("fail") == true)
+
+        // The producer keeps working after a failed message. (librdkafka marks the refused topic
+        // as failing until its next metadata refresh, so use another one.)
+        let report = try await producer.send(KafkaOutgoingMessage(topic: "other", value: "after".bytes))
+        #expect(report.offset == 0)
+
+        await producer.shutdown(flushTimeout: .seconds(5))
+        let closed = await #expect(throws: KafkaError.self) {
+            try await producer.send(KafkaOutgoingMessage(topic: "fail", value: "too late".bytes))
+        }
+        #expect(closed?.code == .closed)
+    }
+
+    @Test func producerSurfacesATimeoutWhileTheBrokerIsDown() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("timeout", partitions: 1)
+        var configuration = producerConfiguration(cluster)
+        configuration.messageTimeout = .milliseconds(1500)
+        let producer = try KafkaProducer(configuration: configuration, logger: testLogger)
+        try await producer.send(KafkaOutgoingMessage(topic: "timeout", value: "ok".bytes))
+
+        try cluster.setBrokerDown(1)
+        let started = ContinuousClock.now
+        let error = await #expect(throws: KafkaError.self) {
+            try await producer.send(KafkaOutgoingMessage(topic: "timeout", value: "lost".bytes))
+        }
+        #expect(error?.code == .delivery)
+        #expect(error?.rdKafkaName == "_MSG_TIMED_OUT")
+        #expect(error?.isRetryable == true)
+        #expect(ContinuousClock.now - started < .seconds(30))
+        try cluster.setBrokerUp(1)
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
+    @Test func configurationErrorsNameThePropertyButNeverASecret() throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        var configuration = producerConfiguration(cluster)
+        configuration.client.properties["no.such.property"] = "x"
+        let unknown = #expect(throws: KafkaError.self) {
+            _ = try KafkaProducer(configuration: configuration, logger: testLogger)
+        }
+        #expect(unknown?.code == .configuration)
+        #expect(unknown?.description.contains("no.such.property") == true)
+
+        configuration = producerConfiguration(cluster)
+        configuration.client.security = .init(
+            sasl: .init(mechanism: .scramSHA512, username: "svc", password: Secret("hunter2-secret"))
+        )
+        configuration.client.properties["ssl.key.password"] = "p@ss-secret"
+        configuration.client.properties["sasl.kerberos.min.time.before.relogin"] = "not-a-number"
+        let invalid = #expect(throws: KafkaError.self) {
+            _ = try KafkaProducer(configuration: configuration, logger: testLogger)
+        }
+        #expect(invalid?.code == .configuration)
+        #expect(invalid?.description.contains("hunter2") == false)
+        #expect(invalid?.description.contains("p@ss") == false)
+        #expect("\(Secret("hunter2"))" == "<redacted>")
+    }
+
+    @Test func consoleCommandsDriveTheCluster() throws {
+        let cluster = try MockKafkaCluster(brokers: 2, logger: testLogger)
+        try cluster.createTopic("console", partitions: 2)
+        let console = MockClusterConsole(cluster: cluster)
+        #expect(console.execute("broker-down 1") == "ok broker 1 down")
+        #expect(console.execute("broker-up 1") == "ok broker 1 up")
+        #expect(console.execute("rtt 2 200") == "ok broker 2 rtt 200 ms")
+        #expect(console.execute("request-errors Produce 3 NOT_LEADER_FOR_PARTITION")
+            == "ok next 3 Produce request(s) fail with NOT_LEADER_FOR_PARTITION")
+        #expect(console.execute("clear-request-errors produce") == "ok cleared Produce errors")
+        #expect(console.execute("leader console 1 2") == "ok console[1] leader is broker 2")
+        #expect(console.execute("create-topic extra 4") == "ok created extra with 4 partition(s)")
+        #expect(console.execute("bootstrap") == "ok \(cluster.bootstrapServers)")
+        #expect(console.execute("help").hasSuffix("ok help"))
+        #expect(console.execute("broker-down 3") == "error: no broker 3: brokers are 1...2")
+        #expect(console.execute("request-errors Produce 1 NO_SUCH_ERROR").hasPrefix("error: unknown error"))
+        #expect(console.execute("request-errors Bogus 1 NOT_LEADER_FOR_PARTITION").hasPrefix("error: unknown API"))
+        #expect(console.execute("rtt 1") == "error: usage: rtt BROKER MILLISECONDS")
+        #expect(console.execute("launch-missiles").hasPrefix("error: unknown command"))
+    }
+}
