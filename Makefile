@@ -8,7 +8,7 @@ SWIFT ?= swift
 
 # Libraries the build links against, and the tools the tests drive the product with.
 BUILD_PACKAGES := librdkafka-dev libnghttp2-dev libssl-dev pkg-config
-TEST_PACKAGES  := nghttp2-client kcat python3-aioapns python3-jsonschema
+TEST_PACKAGES  := nghttp2-client kcat python3-aioapns python3-h2 python3-jsonschema
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

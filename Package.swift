@@ -7,10 +7,10 @@
 //   APNsCore          pure: message contracts, validation, reason tables, JWT, codecs (no I/O)
 //   APNsFleetConfig   typed configuration from file, environment and flags
 //   CRdKafka/CNGHTTP2 system libraries (librdkafka, libnghttp2)
+//   KafkaTransport    librdkafka wrapper: producer, consumer, mock cluster
+//   APNsHTTP2         libnghttp2 session driven by SwiftNIO (client and server)
+//   APNsSimulator     APNs simulator: HTTP/2 provider API, legacy gateway and feedback service
 //   apns-fleet        the one executable, a thin argument-parser front end
-//
-// Later layers (Kafka transport, HTTP/2 transport, APNs client, simulator, worker services)
-// are added beside these as their issues land.
 
 import PackageDescription
 
@@ -38,6 +38,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-crypto.git", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-certificates.git", from: "1.21.1"),
+        // Named directly for SwiftASN1 types (a certificate's IP address SAN); already resolved via swift-certificates.
+        .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(
             url: "https://github.com/apple/swift-configuration.git",
@@ -86,6 +88,38 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // A safe Swift session over libnghttp2 (client and server), driven by a SwiftNIO handler.
+        // The only module that touches libnghttp2's pointers.
+        .target(
+            name: "APNsHTTP2",
+            dependencies: [
+                "CNGHTTP2",
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
+        // The APNs simulator (HTTP/2 provider API, legacy binary gateway and feedback service), usable
+        // in-process by tests and as `apns-fleet simulator`.
+        .target(
+            name: "APNsSimulator",
+            dependencies: [
+                "APNsCore",
+                "APNsHTTP2",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Configuration
 
         .target(
@@ -104,6 +138,7 @@ let package = Package(
             dependencies: [
                 "APNsCore",
                 "APNsFleetConfig",
+                "APNsSimulator",
                 "KafkaTransport",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -124,6 +159,19 @@ let package = Package(
         .testTarget(
             name: "APNsFleetConfigTests",
             dependencies: ["APNsFleetConfig", "APNsCore"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "APNsSimulatorTests",
+            dependencies: [
+                "APNsSimulator",
+                "APNsHTTP2",
+                "APNsCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -17,6 +17,8 @@ struct APNsFleet: AsyncParsableCommand {
             """,
         version: APNsFleetVersion.current,
         subcommands: [
+            SimulatorCommand.self,
+            DevCredentialsCommand.self,
             ValidateJobCommand.self,
             KafkaDevCommand.self,
             BenchCommand.self,

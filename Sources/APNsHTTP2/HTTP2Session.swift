@@ -1,0 +1,307 @@
+import CNGHTTP2
+import NIOCore
+
+/// What a session reports to the code that uses it. All calls happen on the channel's event
+/// loop, from inside `HTTP2Session.receive(_:)` (or, for `http2SessionDidClose`, from the driver).
+public protocol HTTP2SessionDelegate: AnyObject {
+    /// A request (server) or response (client) header block begins on `stream`.
+    func http2(_ session: HTTP2Session, didBeginHeadersOn stream: Int32)
+    /// One header field; the field's bytes are only valid during the call.
+    func http2(_ session: HTTP2Session, didReceiveHeader field: HTTP2HeaderField, on stream: Int32)
+    /// A complete header block (request, response or trailers) arrived.
+    func http2(_ session: HTTP2Session, didReceiveHeadersOn stream: Int32)
+    /// Body bytes; the chunk is only valid during the call.
+    func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32)
+    /// The peer ended its side of `stream` (END_STREAM on HEADERS or DATA).
+    func http2(_ session: HTTP2Session, didReceiveEndStreamOn stream: Int32)
+    /// `stream` is closed, normally (`.noError`) or by RST_STREAM or a refusal.
+    func http2(_ session: HTTP2Session, didCloseStream stream: Int32, errorCode: HTTP2ErrorCode)
+    func http2(_ session: HTTP2Session, didReceiveGoAway goAway: HTTP2GoAway)
+    func http2(_ session: HTTP2Session, didReceivePingAck opaqueData: UInt64)
+    func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting])
+    /// The session sent RST_STREAM (for example REFUSED_STREAM above MAX_CONCURRENT_STREAMS).
+    func http2(_ session: HTTP2Session, didSendResetStream stream: Int32, errorCode: HTTP2ErrorCode)
+    /// Called once before the driver writes what the session produced (once per read burst):
+    /// a place to publish per-burst work such as counters.
+    func http2SessionWillFlush(_ session: HTTP2Session)
+    /// The connection under the session is gone.
+    func http2SessionDidClose(_ session: HTTP2Session)
+}
+
+extension HTTP2SessionDelegate {
+    public func http2(_ session: HTTP2Session, didBeginHeadersOn stream: Int32) {}
+    public func http2(_ session: HTTP2Session, didReceiveHeadersOn stream: Int32) {}
+    public func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32) {}
+    public func http2(_ session: HTTP2Session, didCloseStream stream: Int32, errorCode: HTTP2ErrorCode) {}
+    public func http2(_ session: HTTP2Session, didReceiveGoAway goAway: HTTP2GoAway) {}
+    public func http2(_ session: HTTP2Session, didReceivePingAck opaqueData: UInt64) {}
+    public func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting]) {}
+    public func http2(_ session: HTTP2Session, didSendResetStream stream: Int32, errorCode: HTTP2ErrorCode) {}
+    public func http2SessionWillFlush(_ session: HTTP2Session) {}
+    public func http2SessionDidClose(_ session: HTTP2Session) {}
+}
+
+/// A received header field, borrowed from libnghttp2's buffers for the duration of a delegate call.
+public struct HTTP2HeaderField {
+    let nameBytes: UnsafeRawBufferPointer
+    let valueBytes: UnsafeRawBufferPointer
+
+    public var name: String { String(decoding: nameBytes, as: UTF8.self) }
+    public var value: String { String(decoding: valueBytes, as: UTF8.self) }
+    public var nameCount: Int { nameBytes.count }
+    public var valueCount: Int { valueBytes.count }
+
+    /// Compares the name without making a String.
+    public func nameEquals(_ literal: StaticString) -> Bool {
+        literal.withUTF8Buffer { $0.count == nameBytes.count && $0.elementsEqual(nameBytes) }
+    }
+
+    /// Calls `body` with the value's bytes (valid only inside `body`).
+    public func withValueBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try body(valueBytes)
+    }
+}
+
+/// Received body bytes, borrowed for the duration of a delegate call.
+public struct HTTP2DataChunk {
+    let bytes: UnsafeRawBufferPointer
+
+    public var count: Int { bytes.count }
+
+    public func append(to buffer: inout ByteBuffer) {
+        buffer.writeBytes(bytes)
+    }
+}
+
+/// Tuning of a session at creation.
+public struct HTTP2SessionOptions: Sendable {
+    /// The peer's MAX_CONCURRENT_STREAMS assumed before its SETTINGS arrives (clients). Default: 100.
+    public var assumedPeerMaxConcurrentStreams: UInt32 = 100
+    /// Let libnghttp2 check HTTP semantics (pseudo-headers, content-length). Default: true.
+    public var httpMessaging = true
+
+    public init() {}
+}
+
+/// One HTTP/2 connection's state: a libnghttp2 session fed and drained through memory
+/// (`nghttp2_session_mem_recv` / `nghttp2_session_mem_send`), for clients and servers alike.
+///
+/// Not thread-safe: create, use and drop it on one event loop. It owns its `nghttp2_session`
+/// and frees it in `deinit`. Usually driven by an `HTTP2ChannelHandler`.
+public final class HTTP2Session {
+    public let role: HTTP2Role
+    /// Receives the session's events. Held strongly; the delegate should hold the session weakly.
+    public var delegate: (any HTTP2SessionDelegate)?
+
+    private let raw: OpaquePointer
+    /// Bodies still to send, by stream; the data provider's read callback drains them.
+    private var bodies: [Int32: ByteBuffer] = [:]
+    /// Reused storage for header name/value bytes and nghttp2_nv entries, so submitting
+    /// headers does not allocate in steady state.
+    private var headerBytes: [UInt8] = []
+    private var nameValues: [nghttp2_nv] = []
+    /// The channel handler that moves bytes, set when a handler adopts the session and cleared
+    /// when it is removed (a strong reference: weak ones make every retain take a slow path).
+    var driver: HTTP2ChannelHandler?
+
+    public init(role: HTTP2Role, delegate: (any HTTP2SessionDelegate)?, options: HTTP2SessionOptions = HTTP2SessionOptions()) throws(HTTP2Error) {
+        self.role = role
+        self.delegate = delegate
+
+        var callbacks: OpaquePointer?
+        var rc = nghttp2_session_callbacks_new(&callbacks)
+        guard rc == 0, let callbacks else { throw HTTP2Error("nghttp2_session_callbacks_new", code: Int(rc)) }
+        defer { nghttp2_session_callbacks_del(callbacks) }
+        HTTP2Callbacks.install(on: callbacks)
+
+        var option: OpaquePointer?
+        rc = nghttp2_option_new(&option)
+        guard rc == 0, let option else { throw HTTP2Error("nghttp2_option_new", code: Int(rc)) }
+        defer { nghttp2_option_del(option) }
+        nghttp2_option_set_peer_max_concurrent_streams(option, options.assumedPeerMaxConcurrentStreams)
+        if !options.httpMessaging { nghttp2_option_set_no_http_messaging(option, 1) }
+
+        // The session must exist before `self` is complete, so the user data is set right after
+        // creation; no callback can run before the first receive or send.
+        var session: OpaquePointer?
+        switch role {
+        case .server: rc = nghttp2_session_server_new2(&session, callbacks, nil, option)
+        case .client: rc = nghttp2_session_client_new2(&session, callbacks, nil, option)
+        }
+        guard rc == 0, let session else { throw HTTP2Error("nghttp2_session_new", code: Int(rc)) }
+        self.raw = session
+        nghttp2_session_set_user_data(session, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    deinit {
+        nghttp2_session_del(raw)
+    }
+
+    // MARK: Moving bytes
+
+    /// Feeds bytes read from the connection. Events reach the delegate during this call.
+    public func receive(_ buffer: ByteBuffer) throws(HTTP2Error) {
+        let result = buffer.withUnsafeReadableBytes { bytes -> Int in
+            guard let base = bytes.baseAddress, bytes.count > 0 else { return 0 }
+            return nghttp2_session_mem_recv(raw, base.assumingMemoryBound(to: UInt8.self), bytes.count)
+        }
+        if result < 0 { throw HTTP2Error("receive", code: result) }
+    }
+
+    /// Appends every frame the session has ready to `buffer`.
+    public func produceOutput(into buffer: inout ByteBuffer) throws(HTTP2Error) {
+        while true {
+            var data: UnsafePointer<UInt8>?
+            let count = nghttp2_session_mem_send(raw, &data)
+            if count < 0 { throw HTTP2Error("send", code: count) }
+            guard count > 0, let data else { return }
+            buffer.writeBytes(UnsafeRawBufferPointer(start: data, count: count))
+        }
+    }
+
+    /// Whether the session still wants to read (false after GOAWAY both ways, or a fatal error).
+    public var wantsRead: Bool { nghttp2_session_want_read(raw) != 0 }
+    /// Whether the session has frames to send.
+    public var wantsWrite: Bool { nghttp2_session_want_write(raw) != 0 }
+
+    /// Asks the driver to write what the session has ready (batched when inside a read burst).
+    public func flush() {
+        driver?.flushOutput()
+    }
+
+    /// Closes the connection under the session.
+    public func close() {
+        driver?.closeConnection()
+    }
+
+    // MARK: Submitting frames
+
+    public func submitSettings(_ settings: [HTTP2Setting]) throws(HTTP2Error) {
+        let entries = settings.map { nghttp2_settings_entry(settings_id: $0.identifier.rawValue, value: $0.value) }
+        let rc = entries.withUnsafeBufferPointer { nghttp2_submit_settings(raw, UInt8(NGHTTP2_FLAG_NONE.rawValue), $0.baseAddress, $0.count) }
+        if rc != 0 { throw HTTP2Error("submit SETTINGS", code: Int(rc)) }
+    }
+
+    /// Sends a response on `stream`: HEADERS, then `body` as DATA if it has bytes (END_STREAM on the last frame).
+    public func submitResponse(stream: Int32, headers: [HTTP2Header], body: ByteBuffer? = nil) throws(HTTP2Error) {
+        let rc: Int32
+        if let body, body.readableBytes > 0 {
+            bodies[stream] = body
+            rc = withNameValues(headers) { nva, count in
+                var provider = HTTP2Callbacks.bodyProvider()
+                return nghttp2_submit_response(raw, stream, nva, count, &provider)
+            }
+            if rc != 0 { bodies[stream] = nil }
+        } else {
+            rc = withNameValues(headers) { nva, count in nghttp2_submit_response(raw, stream, nva, count, nil) }
+        }
+        if rc != 0 { throw HTTP2Error("submit response on stream \(stream)", code: Int(rc)) }
+    }
+
+    /// Opens a stream with a request (clients); returns its stream id.
+    public func submitRequest(headers: [HTTP2Header], body: ByteBuffer? = nil) throws(HTTP2Error) -> Int32 {
+        let stream: Int32
+        if let body, body.readableBytes > 0 {
+            stream = withNameValues(headers) { nva, count in
+                var provider = HTTP2Callbacks.bodyProvider()
+                return nghttp2_submit_request(raw, nil, nva, count, &provider, nil)
+            }
+            // The body is read during a later `produceOutput`, so registering it now is in time.
+            if stream > 0 { bodies[stream] = body }
+        } else {
+            stream = withNameValues(headers) { nva, count in nghttp2_submit_request(raw, nil, nva, count, nil, nil) }
+        }
+        if stream < 0 { throw HTTP2Error("submit request", code: Int(stream)) }
+        return stream
+    }
+
+    public func submitPing(opaqueData: UInt64) throws(HTTP2Error) {
+        var bigEndian = opaqueData.bigEndian
+        let rc = withUnsafeBytes(of: &bigEndian) { bytes in
+            nghttp2_submit_ping(raw, UInt8(NGHTTP2_FLAG_NONE.rawValue), bytes.baseAddress?.assumingMemoryBound(to: UInt8.self))
+        }
+        if rc != 0 { throw HTTP2Error("submit PING", code: Int(rc)) }
+    }
+
+    /// Sends GOAWAY; `lastStreamID` defaults to the last stream the session processed.
+    public func submitGoAway(errorCode: HTTP2ErrorCode = .noError, opaqueData: [UInt8] = [], lastStreamID: Int32? = nil) throws(HTTP2Error) {
+        let last = lastStreamID ?? lastProcessedStreamID
+        let rc = opaqueData.withUnsafeBufferPointer { data in
+            nghttp2_submit_goaway(raw, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, errorCode.rawValue, data.baseAddress, data.count)
+        }
+        if rc != 0 { throw HTTP2Error("submit GOAWAY", code: Int(rc)) }
+    }
+
+    public func submitResetStream(_ stream: Int32, errorCode: HTTP2ErrorCode) throws(HTTP2Error) {
+        let rc = nghttp2_submit_rst_stream(raw, UInt8(NGHTTP2_FLAG_NONE.rawValue), stream, errorCode.rawValue)
+        if rc != 0 { throw HTTP2Error("submit RST_STREAM on stream \(stream)", code: Int(rc)) }
+    }
+
+    // MARK: State
+
+    /// A setting as the peer last sent it (or its protocol default).
+    public func remoteSetting(_ identifier: HTTP2Setting.Identifier) -> UInt32 {
+        nghttp2_session_get_remote_settings(raw, nghttp2_settings_id(rawValue: UInt32(identifier.rawValue)))
+    }
+
+    /// The highest stream id the session has handed to the application.
+    public var lastProcessedStreamID: Int32 { nghttp2_session_get_last_proc_stream_id(raw) }
+
+    // MARK: Callbacks (called by `HTTP2Callbacks` on the event loop, inside receive/produceOutput)
+
+    func readBody(stream: Int32, into destination: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
+        guard var body = bodies[stream] else {
+            flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
+            return 0
+        }
+        let count = min(length, body.readableBytes)
+        body.withUnsafeReadableBytes { source in
+            if let base = source.baseAddress, count > 0 {
+                destination.update(from: base.assumingMemoryBound(to: UInt8.self), count: count)
+            }
+        }
+        body.moveReaderIndex(forwardBy: count)
+        if body.readableBytes == 0 {
+            flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
+            bodies[stream] = nil
+        } else {
+            bodies[stream] = body
+        }
+        return count
+    }
+
+    func streamClosed(_ stream: Int32, errorCode: UInt32) {
+        bodies[stream] = nil
+        delegate?.http2(self, didCloseStream: stream, errorCode: HTTP2ErrorCode(rawValue: errorCode))
+    }
+
+    /// Lays the headers out as `nghttp2_nv` entries over one reused byte array.
+    private func withNameValues<R>(_ headers: [HTTP2Header], _ body: (UnsafePointer<nghttp2_nv>?, Int) -> R) -> R {
+        headerBytes.removeAll(keepingCapacity: true)
+        for header in headers {
+            headerBytes.append(contentsOf: header.name.utf8)
+            headerBytes.append(contentsOf: header.value.utf8)
+        }
+        headerBytes.append(0)  // never empty, so the base address exists
+        return headerBytes.withUnsafeMutableBufferPointer { bytes in
+            nameValues.removeAll(keepingCapacity: true)
+            guard let base = bytes.baseAddress else { return body(nil, 0) }
+            var position = 0
+            for header in headers {
+                let nameCount = header.name.utf8.count
+                let valueCount = header.value.utf8.count
+                nameValues.append(
+                    nghttp2_nv(
+                        name: base + position,
+                        value: base + position + nameCount,
+                        namelen: nameCount,
+                        valuelen: valueCount,
+                        flags: UInt8(header.neverIndex ? NGHTTP2_NV_FLAG_NO_INDEX.rawValue : NGHTTP2_NV_FLAG_NONE.rawValue)
+                    )
+                )
+                position += nameCount + valueCount
+            }
+            return nameValues.withUnsafeBufferPointer { body($0.baseAddress, $0.count) }
+        }
+    }
+}

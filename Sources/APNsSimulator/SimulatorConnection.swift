@@ -1,0 +1,510 @@
+import APNsCore
+import APNsHTTP2
+import Foundation
+import NIOCore
+import Synchronization
+
+/// What every connection of one simulator shares.
+final class SimulatorContext: Sendable {
+    let configuration: APNsSimulatorConfiguration
+    let validator = RequestValidator()
+    let verifier: ProviderTokenVerifier
+    let counters: SimulatorCounters
+    let rateLimiter: DeviceRateLimiter?
+    let registry = ConnectionRegistry()
+    /// Whether any per-token behaviour is configured (only then is the token lowercased and looked up).
+    let hasTokenBehaviour: Bool
+
+    init(configuration: APNsSimulatorConfiguration, counters: SimulatorCounters) {
+        self.configuration = configuration
+        self.counters = counters
+        self.verifier = ProviderTokenVerifier(keys: configuration.authentication.tokenKeys, maximumAge: configuration.authentication.maximumTokenAge)
+        let behaviour = configuration.behaviour
+        self.rateLimiter = behaviour.perDeviceLimit.map { DeviceRateLimiter(limit: $0, window: behaviour.perDeviceWindow) }
+        self.hasTokenBehaviour = !behaviour.unregisteredTokens.isEmpty || !behaviour.deviceTopics.isEmpty || behaviour.perDeviceLimit != nil
+    }
+}
+
+/// The open connections, so that GOAWAY can be sent to all of them (on demand, or at stop).
+final class ConnectionRegistry: Sendable {
+    struct Handle: Sendable {
+        let channel: any Channel
+        let goAway: @Sendable (String) -> Void
+    }
+
+    private let handles = Mutex<[UInt64: Handle]>([:])
+
+    func add(_ id: UInt64, _ handle: Handle) { handles.withLock { $0[id] = handle } }
+    func remove(_ id: UInt64) { handles.withLock { _ = $0.removeValue(forKey: id) } }
+    var all: [Handle] { handles.withLock { Array($0.values) } }
+}
+
+/// How a connection authenticates its requests.
+enum ConnectionAuthentication {
+    case token(TokenAuthenticator)
+    case certificate(TopicGrant)
+
+    var name: String {
+        switch self {
+        case .token: "token"
+        case .certificate: "certificate"
+        }
+    }
+}
+
+/// One HTTP/2 connection of the provider API: collects each stream's headers and body,
+/// judges the request and answers. Lives on the channel's event loop.
+final class SimulatorConnection: HTTP2SessionDelegate {
+    /// The request headers the provider API reads, as bit positions for duplicate detection.
+    private enum Field: Int {
+        case method, path, authorization, apnsID, expiration, priority, topic, collapseID, pushType
+    }
+
+    private struct StreamState {
+        var head = APNsRequestHead()
+        var seen: UInt16 = 0
+        /// Body bytes received; the bytes themselves are kept only for `--dump`.
+        var bodyCount = 0
+        var body: ByteBuffer?
+        var dumpHeaders: [(String, String)] = []
+    }
+
+    private let context: SimulatorContext
+    private let channel: any Channel
+    let id: UInt64
+    private let transport: String
+    /// Strong, and dropped when the connection closes: weak references make every retain of
+    /// the objects involved take a slow path, which shows at 100k requests per second.
+    var session: HTTP2Session?
+    /// Token auth state, mutated in place on every request (nil for certificate auth).
+    private var tokenAuthenticator: TokenAuthenticator?
+    private let certificateGrant: TopicGrant?
+    private var streams: [Int32: StreamState] = [:]
+    /// The request whose header block is arriving (header blocks never interleave).
+    private var current = StreamState()
+    private var currentStream: Int32 = 0
+    /// The last `:path` and `authorization` values, reused when the next request repeats
+    /// them byte for byte (the common case), so that no String is made for them.
+    private var lastPath = HeaderValueCache()
+    private var lastAuthorization = HeaderValueCache()
+    /// Counts gathered during a read burst, published under the counters' lock once per burst.
+    private var pending = PendingCounts()
+    private var answered = 0
+    private var goingAway = false
+    private var advertisedMaxStreams: UInt32
+    private var lastActivity = NIODeadline.now()
+    private var random: SplitMix64
+    private var flushScheduled = false
+    private var closed = false
+    private var tokenVerificationsCounted = 0
+    private var tokenAccepted = false
+
+    init(context: SimulatorContext, channel: any Channel, transport: String, authentication: ConnectionAuthentication) {
+        self.context = context
+        self.channel = channel
+        self.transport = transport
+        switch authentication {
+        case .token(let authenticator):
+            self.tokenAuthenticator = authenticator
+            self.certificateGrant = nil
+        case .certificate(let grant):
+            self.tokenAuthenticator = nil
+            self.certificateGrant = grant
+        }
+        self.random = SplitMix64(seed: context.configuration.behaviour.randomSeed ?? UInt64.random(in: .min ... .max))
+        self.id = context.counters.openConnection(
+            transport: transport,
+            authentication: authentication.name,
+            remoteAddress: channel.remoteAddress?.description ?? "?"
+        )
+        self.advertisedMaxStreams = context.configuration.behaviour.maxConcurrentStreams
+        if case .token = authentication, context.configuration.authentication.singleStreamUntilAuthenticated {
+            advertisedMaxStreams = 1
+        }
+    }
+
+    /// The SETTINGS sent with the connection preface (APNs's usual values).
+    var initialSettings: [HTTP2Setting] {
+        [
+            .maxConcurrentStreams(advertisedMaxStreams),
+            HTTP2Setting(.headerTableSize, 4096),
+            HTTP2Setting(.maxHeaderListSize, 8000),
+        ]
+    }
+
+    /// Registers the connection and starts its idle timer; call once the handler is in the pipeline.
+    func activate() {
+        let loopBound = NIOLoopBound(self, eventLoop: channel.eventLoop)
+        let eventLoop = channel.eventLoop
+        context.registry.add(id, ConnectionRegistry.Handle(channel: channel) { reason in
+            eventLoop.execute { loopBound.value.goAway(reason: reason) }
+        })
+        scheduleIdleCheck()
+    }
+
+    // MARK: HTTP2SessionDelegate
+
+    func http2(_ session: HTTP2Session, didBeginHeadersOn stream: Int32) {
+        current = StreamState()
+        currentStream = stream
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveHeadersOn stream: Int32) {
+        // Trailers (a second header block) are ignored.
+        guard stream == currentStream else { return }
+        streams[stream] = current
+        current = StreamState()
+        currentStream = 0
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveHeader field: HTTP2HeaderField, on stream: Int32) {
+        let kind: Field?
+        switch field.nameCount {
+        case 5: kind = field.nameEquals(":path") ? .path : nil
+        case 7: kind = field.nameEquals(":method") ? .method : (field.nameEquals("apns-id") ? .apnsID : nil)
+        case 10: kind = field.nameEquals("apns-topic") ? .topic : nil
+        case 13: kind = field.nameEquals("authorization") ? .authorization : (field.nameEquals("apns-priority") ? .priority : nil)
+        case 14: kind = field.nameEquals("apns-push-type") ? .pushType : nil
+        case 15: kind = field.nameEquals("apns-expiration") ? .expiration : nil
+        case 16: kind = field.nameEquals("apns-collapse-id") ? .collapseID : nil
+        default: kind = nil
+        }
+        guard stream == currentStream else { return }
+        if context.configuration.dump { current.dumpHeaders.append((field.name, field.value)) }
+        guard let kind else { return }
+        let bit: UInt16 = 1 << UInt16(kind.rawValue)
+        if current.seen & bit != 0 {
+            if current.head.duplicateHeader == nil { current.head.duplicateHeader = field.name }
+            return
+        }
+        current.seen |= bit
+        switch kind {
+        case .method: current.head.method = field.value
+        case .path: current.head.path = lastPath.value(for: field)
+        case .authorization: current.head.authorization = lastAuthorization.value(for: field)
+        case .apnsID: current.head.apnsID = field.value
+        case .expiration: current.head.expiration = field.value
+        case .priority: current.head.priority = field.value
+        case .topic: current.head.topic = field.value
+        case .collapseID: current.head.collapseID = field.value
+        case .pushType: current.head.pushType = field.value
+        }
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32) {
+        streams[stream]?.bodyCount += chunk.count
+        guard context.configuration.dump else { return }
+        if streams[stream]?.body == nil {
+            streams[stream]?.body = channel.allocator.buffer(capacity: chunk.count)
+        }
+        // Payloads above the largest limit are only counted, not kept.
+        if let kept = streams[stream]?.body?.readableBytes, kept <= 5120 + 16384 {
+            streams[stream]?.body?.writeChunk(chunk)
+        }
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveEndStreamOn stream: Int32) {
+        guard let state = streams.removeValue(forKey: stream) else { return }
+        lastActivity = .now()
+        handleRequest(stream: stream, state: state, session: session)
+    }
+
+    func http2(_ session: HTTP2Session, didCloseStream stream: Int32, errorCode: HTTP2ErrorCode) {
+        if streams.removeValue(forKey: stream) != nil || errorCode != .noError {
+            pending.streamsReset += 1
+        }
+    }
+
+    func http2(_ session: HTTP2Session, didSendResetStream stream: Int32, errorCode: HTTP2ErrorCode) {
+        if errorCode == .refusedStream { pending.streamsRefused += 1 }
+    }
+
+    func http2SessionWillFlush(_ session: HTTP2Session) {
+        if !pending.isEmpty {
+            context.counters.publish(id, &pending)
+        }
+    }
+
+    func http2SessionDidClose(_ session: HTTP2Session) {
+        closed = true
+        streams.removeAll()
+        if !pending.isEmpty { context.counters.publish(id, &pending) }
+        // Breaks the connection <-> session reference cycle.
+        session.delegate = nil
+        self.session = nil
+        context.registry.remove(id)
+        context.counters.closeConnection(id)
+    }
+
+    // MARK: Requests
+
+    private func handleRequest(stream: Int32, state: StreamState, session: HTTP2Session) {
+        pending.requests += 1
+        let rejection = judge(state)
+        if context.configuration.dump { dump(stream: stream, state: state, rejection: rejection) }
+        let apnsID = state.head.apnsID ?? UUIDText.random(using: &random)
+        let behaviour = context.configuration.behaviour
+        if behaviour.latency > .zero || behaviour.latencyJitter > .zero {
+            var delay = behaviour.latency
+            if behaviour.latencyJitter > .zero { delay += behaviour.latencyJitter * random.nextUnit() }
+            // The task holds the connection until it runs; a closed connection ignores it.
+            channel.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(delay)) {
+                guard !self.closed else { return }
+                self.answer(stream: stream, rejection: rejection, apnsID: apnsID)
+                self.scheduleFlush()
+            }
+        } else {
+            answer(stream: stream, rejection: rejection, apnsID: apnsID)
+        }
+    }
+
+    /// Decides the answer: nil for 200.
+    private func judge(_ state: StreamState) -> APNsRejection? {
+        if goingAway { return APNsRejection(.shutdown) }
+        let head = state.head
+        if let rejection = context.validator.checkRoute(head) { return rejection }
+
+        let grant: TopicGrant
+        if let certificateGrant {
+            grant = certificateGrant
+        } else {
+            guard let result = tokenAuthenticator?.authenticate(authorization: head.authorization, now: Int64(Date().timeIntervalSince1970)) else {
+                return APNsRejection(.missingProviderToken)
+            }
+            if let verifications = tokenAuthenticator?.verifications, verifications != tokenVerificationsCounted {
+                let added = verifications - tokenVerificationsCounted
+                tokenVerificationsCounted = verifications
+                context.counters.update(id) { $0.tokenVerifications += added }
+            }
+            switch result {
+            case .failure(let rejection):
+                return rejection
+            case .success(let claims):
+                if !tokenAccepted {
+                    // A valid token lifts the one-stream limit of a new token-auth connection.
+                    tokenAccepted = true
+                    setMaxConcurrentStreams(context.configuration.behaviour.maxConcurrentStreams)
+                }
+                grant = TopicGrant(topics: context.configuration.authentication.teamTopics[claims.teamID] ?? [], topicRequired: true)
+            }
+        }
+
+        let accepted: APNsAcceptedRequest
+        switch context.validator.checkHeaders(head, payloadCount: state.bodyCount, grant: grant) {
+        case .failure(let rejection): return rejection
+        case .success(let request): accepted = request
+        }
+
+        let behaviour = context.configuration.behaviour
+        if context.hasTokenBehaviour {
+            let token = accepted.deviceToken.lowercased()
+            if let bound = behaviour.deviceTopics[token], bound != accepted.topic {
+                return APNsRejection(.deviceTokenNotForTopic)
+            }
+            if let timestamp = behaviour.unregisteredTokens[token] {
+                return APNsRejection(.unregistered, timestamp: timestamp)
+            }
+            if let limiter = context.rateLimiter, !limiter.admit(token) {
+                return APNsRejection(.tooManyRequests)
+            }
+        }
+        if behaviour.internalServerErrorRate > 0 || behaviour.serviceUnavailableRate > 0 {
+            let draw = random.nextUnit()
+            if draw < behaviour.internalServerErrorRate { return APNsRejection(.internalServerError) }
+            if draw < behaviour.internalServerErrorRate + behaviour.serviceUnavailableRate { return APNsRejection(.serviceUnavailable) }
+        }
+        return nil
+    }
+
+    private static let contentType = HTTP2Header("content-type", "application/json")
+
+    /// `apns-id` is unique per response, so it is sent never indexed: indexing it would only
+    /// churn both HPACK dynamic tables.
+    private func answer(stream: Int32, rejection: APNsRejection?, apnsID: String) {
+        guard let session else { return }
+        do {
+            if let rejection {
+                var body = channel.allocator.buffer(capacity: 64)
+                body.writeString("{\"reason\":\"")
+                body.writeString(rejection.reason.rawValue)
+                if let timestamp = rejection.timestamp {
+                    body.writeString("\",\"timestamp\":")
+                    body.writeString(String(timestamp))
+                    body.writeString("}")
+                } else {
+                    body.writeString("\"}")
+                }
+                try session.submitResponse(
+                    stream: stream,
+                    headers: [HTTP2Header(":status", SimulatorCounters.statusText(rejection.status)), Self.contentType, HTTP2Header("apns-id", apnsID, neverIndex: true)],
+                    body: body
+                )
+            } else {
+                try session.submitResponse(stream: stream, headers: [HTTP2Header(":status", "200"), HTTP2Header("apns-id", apnsID, neverIndex: true)])
+            }
+        } catch {
+            // The stream was reset before the answer (for example while latency was applied);
+            // its close was counted.
+            return
+        }
+        pending.recordAnswer(status: rejection?.status ?? 200, reason: rejection?.reason.rawValue)
+        if context.configuration.dump {
+            context.configuration.dumpSink("<<< connection #\(id) stream \(stream): \(rejection.map { "\($0.status) \($0.reason)" } ?? "200") apns-id \(apnsID)")
+        }
+
+        let behaviour = context.configuration.behaviour
+        // APNs drops the stream limit to 1 after a rejected notification until one is accepted.
+        if behaviour.dropToOneStreamAfterRejection {
+            if rejection != nil, advertisedMaxStreams != 1 {
+                setMaxConcurrentStreams(1)
+            } else if rejection == nil, advertisedMaxStreams != behaviour.maxConcurrentStreams {
+                setMaxConcurrentStreams(behaviour.maxConcurrentStreams)
+            }
+        }
+        answered += 1
+        if let limit = behaviour.goAwayAfterStreams, answered >= limit, !goingAway {
+            goAway(reason: behaviour.goAwayReason)
+        }
+    }
+
+    private func setMaxConcurrentStreams(_ value: UInt32) {
+        guard let session, value != advertisedMaxStreams else { return }
+        advertisedMaxStreams = value
+        try? session.submitSettings([.maxConcurrentStreams(value)])
+    }
+
+    // MARK: Connection-level
+
+    /// Sends GOAWAY with `{"reason": reason}`; the connection closes when its open streams are done.
+    func goAway(reason: String) {
+        guard let session, !goingAway, !closed else { return }
+        goingAway = true
+        let body = "{\"reason\":\"\(reason)\"}"
+        do {
+            try session.submitGoAway(errorCode: .noError, opaqueData: Array(body.utf8))
+            context.counters.update(id) { $0.goAwaysSent += 1 }
+        } catch {
+            session.close()
+        }
+        if context.configuration.dump { context.configuration.dumpSink("<<< connection #\(id): GOAWAY \(body)") }
+        scheduleFlush()
+    }
+
+    /// Writes pending frames once, after the current event loop task (answers made by timers batch up).
+    private func scheduleFlush() {
+        guard !flushScheduled else { return }
+        flushScheduled = true
+        channel.eventLoop.assumeIsolated().execute {
+            self.flushScheduled = false
+            self.session?.flush()
+        }
+    }
+
+    private func scheduleIdleCheck() {
+        guard let timeout = context.configuration.behaviour.idleTimeout else { return }
+        let amount = TimeAmount(timeout)
+        channel.eventLoop.assumeIsolated().scheduleTask(in: max(.milliseconds(10), .nanoseconds(amount.nanoseconds / 4))) {
+            guard !self.closed, !self.goingAway else { return }
+            if NIODeadline.now() - self.lastActivity >= amount, self.streams.isEmpty {
+                self.goAway(reason: APNsReason.idleTimeout.rawValue)
+            } else {
+                self.scheduleIdleCheck()
+            }
+        }
+    }
+
+    private func dump(stream: Int32, state: StreamState, rejection: APNsRejection?) {
+        var lines = [">>> connection #\(id) (\(transport)) stream \(stream)"]
+        for (name, value) in state.dumpHeaders {
+            let shown = name == "authorization" ? Self.redactAuthorization(value) : value
+            lines.append("    \(name): \(shown)")
+        }
+        if let duplicate = state.head.duplicateHeader { lines.append("    (header \(duplicate) repeated)") }
+        let bytes = state.body.map { Array($0.readableBytesView) } ?? []
+        lines.append("    payload: \(state.bodyCount) bytes")
+        if !bytes.isEmpty {
+            lines.append(RequestDump.hexDump(bytes).split(separator: "\n").map { "    " + $0 }.joined(separator: "\n"))
+            if let object = try? JSONSerialization.jsonObject(with: Data(bytes), options: [.fragmentsAllowed]),
+               let pretty = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys, .fragmentsAllowed]) {
+                lines.append("    parsed:")
+                lines.append(String(decoding: pretty, as: UTF8.self).split(separator: "\n").map { "      " + $0 }.joined(separator: "\n"))
+            } else {
+                lines.append("    parsed: (not JSON)")
+            }
+        }
+        lines.append("    verdict: \(rejection.map { "\($0.status) \($0.reason)" } ?? "200")")
+        context.configuration.dumpSink(lines.joined(separator: "\n"))
+    }
+
+    /// The JWT's header and claims are shown; the signature is not.
+    static func redactAuthorization(_ value: String) -> String {
+        guard let lastDot = value.lastIndex(of: ".") else { return "(\(value.utf8.count) bytes)" }
+        return String(value[..<lastDot]) + ".<signature>"
+    }
+}
+
+extension ByteBuffer {
+    fileprivate mutating func writeChunk(_ chunk: HTTP2DataChunk) {
+        chunk.append(to: &self)
+    }
+}
+
+extension TimeAmount {
+    init(_ duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+    }
+}
+
+/// The last value of one header, reused while requests repeat it byte for byte.
+struct HeaderValueCache {
+    private var bytes: [UInt8] = []
+    private var text = ""
+
+    mutating func value(for field: HTTP2HeaderField) -> String {
+        let same = field.withValueBytes { value in
+            guard value.count == bytes.count else { return false }
+            return bytes.withUnsafeBytes { cached in
+                guard let left = cached.baseAddress, let right = value.baseAddress else { return cached.count == 0 }
+                return memcmp(left, right, value.count) == 0
+            }
+        }
+        if !same {
+            text = field.value
+            bytes = Array(text.utf8)
+        }
+        return text
+    }
+}
+
+/// Counts of one connection not yet published to `SimulatorCounters`.
+struct PendingCounts {
+    struct Answer {
+        let status: Int
+        let reason: String?
+        var count: Int
+    }
+
+    var requests = 0
+    var streamsReset = 0
+    var streamsRefused = 0
+    /// Distinct (status, reason) pairs of this burst; a burst rarely has more than a few.
+    var answers: [Answer] = []
+
+    var isEmpty: Bool { requests == 0 && streamsReset == 0 && streamsRefused == 0 && answers.isEmpty }
+
+    mutating func recordAnswer(status: Int, reason: String?) {
+        for index in answers.indices where answers[index].status == status && answers[index].reason == reason {
+            answers[index].count += 1
+            return
+        }
+        answers.append(Answer(status: status, reason: reason, count: 1))
+    }
+
+    mutating func reset() {
+        requests = 0
+        streamsReset = 0
+        streamsRefused = 0
+        answers.removeAll(keepingCapacity: true)
+    }
+}

@@ -1,0 +1,121 @@
+import APNsHTTP2
+import NIOCore
+import Testing
+
+/// Records what a session reports.
+final class RecordingDelegate: HTTP2SessionDelegate {
+    var headers: [Int32: [(String, String)]] = [:]
+    var bodies: [Int32: ByteBuffer] = [:]
+    var ended: [Int32] = []
+    var closed: [Int32: HTTP2ErrorCode] = [:]
+    var goAways: [HTTP2GoAway] = []
+    var pingAcks: [UInt64] = []
+    var settings: [[HTTP2Setting]] = []
+    /// Server side: answer each request that ends with this status and body.
+    var respond: ((HTTP2Session, Int32) -> Void)?
+
+    func http2(_ session: HTTP2Session, didReceiveHeader field: HTTP2HeaderField, on stream: Int32) {
+        headers[stream, default: []].append((field.name, field.value))
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32) {
+        var buffer = bodies[stream] ?? ByteBuffer()
+        chunk.append(to: &buffer)
+        bodies[stream] = buffer
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveEndStreamOn stream: Int32) {
+        ended.append(stream)
+        respond?(session, stream)
+    }
+
+    func http2(_ session: HTTP2Session, didCloseStream stream: Int32, errorCode: HTTP2ErrorCode) { closed[stream] = errorCode }
+    func http2(_ session: HTTP2Session, didReceiveGoAway goAway: HTTP2GoAway) { goAways.append(goAway) }
+    func http2(_ session: HTTP2Session, didReceivePingAck opaqueData: UInt64) { pingAcks.append(opaqueData) }
+    func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting]) { self.settings.append(settings) }
+}
+
+@Suite("HTTP/2 session over libnghttp2, in memory")
+struct HTTP2SessionTests {
+    /// Moves bytes both ways until neither side has anything to send.
+    func pump(_ a: HTTP2Session, _ b: HTTP2Session) throws {
+        for _ in 0..<32 {
+            var ab = ByteBuffer()
+            try a.produceOutput(into: &ab)
+            var ba = ByteBuffer()
+            try b.produceOutput(into: &ba)
+            if ab.readableBytes == 0 && ba.readableBytes == 0 { return }
+            if ab.readableBytes > 0 { try b.receive(ab) }
+            if ba.readableBytes > 0 { try a.receive(ba) }
+        }
+    }
+
+    @Test("request with body, response with body, headers never indexed")
+    func requestResponse() throws {
+        let serverDelegate = RecordingDelegate()
+        let clientDelegate = RecordingDelegate()
+        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
+        let client = try HTTP2Session(role: .client, delegate: clientDelegate)
+        try server.submitSettings([.maxConcurrentStreams(10)])
+        try client.submitSettings([])
+        serverDelegate.respond = { session, stream in
+            try? session.submitResponse(
+                stream: stream,
+                headers: [HTTP2Header(":status", "400"), HTTP2Header("apns-id", "abc")],
+                body: ByteBuffer(string: #"{"reason":"BadDeviceToken"}"#)
+            )
+        }
+        let stream = try client.submitRequest(
+            headers: [
+                HTTP2Header(":method", "POST"), HTTP2Header(":scheme", "https"),
+                HTTP2Header(":path", "/3/device/00", neverIndex: true), HTTP2Header(":authority", "localhost"),
+                HTTP2Header("authorization", "bearer x", neverIndex: true),
+            ],
+            body: ByteBuffer(string: String(repeating: "p", count: 40_000))
+        )
+        try pump(client, server)
+        #expect(serverDelegate.headers[stream]?.first(where: { $0.0 == ":path" })?.1 == "/3/device/00")
+        #expect(serverDelegate.bodies[stream]?.readableBytes == 40_000)
+        #expect(serverDelegate.ended == [stream])
+        #expect(clientDelegate.headers[stream]?.first(where: { $0.0 == ":status" })?.1 == "400")
+        #expect(clientDelegate.bodies[stream].map { String(buffer: $0) } == #"{"reason":"BadDeviceToken"}"#)
+        #expect(clientDelegate.closed[stream] == .noError)
+        #expect(client.remoteSetting(.maxConcurrentStreams) == 10)
+    }
+
+    @Test("PING, SETTINGS changes, RST_STREAM and GOAWAY with opaque data")
+    func controlFrames() throws {
+        let serverDelegate = RecordingDelegate()
+        let clientDelegate = RecordingDelegate()
+        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
+        let client = try HTTP2Session(role: .client, delegate: clientDelegate)
+        try server.submitSettings([.maxConcurrentStreams(1000)])
+        try client.submitSettings([])
+        try client.submitPing(opaqueData: 0x0102_0304_0506_0708)
+        try pump(client, server)
+        #expect(clientDelegate.pingAcks == [0x0102_0304_0506_0708])
+
+        try server.submitSettings([.maxConcurrentStreams(1)])
+        try pump(client, server)
+        #expect(client.remoteSetting(.maxConcurrentStreams) == 1)
+
+        let stream = try client.submitRequest(headers: [
+            HTTP2Header(":method", "POST"), HTTP2Header(":scheme", "http"), HTTP2Header(":path", "/"), HTTP2Header(":authority", "x"),
+        ], body: ByteBuffer(string: "{}"))
+        try pump(client, server)
+        try server.submitResetStream(stream, errorCode: .refusedStream)
+        try pump(client, server)
+        #expect(clientDelegate.closed[stream] == .refusedStream)
+
+        try server.submitGoAway(errorCode: .noError, opaqueData: Array(#"{"reason":"Shutdown"}"#.utf8))
+        try pump(client, server)
+        #expect(clientDelegate.goAways.first.map { String(decoding: $0.opaqueData, as: UTF8.self) } == #"{"reason":"Shutdown"}"#)
+        #expect(clientDelegate.goAways.first?.lastStreamID == stream)
+    }
+
+    @Test("garbage instead of a connection preface is a fatal error")
+    func badPreface() throws {
+        let server = try HTTP2Session(role: .server, delegate: RecordingDelegate())
+        #expect(throws: HTTP2Error.self) { try server.receive(ByteBuffer(string: "GET / HTTP/1.1\r\nHost: x\r\n\r\n")) }
+    }
+}
