@@ -9,6 +9,7 @@
 //   CRdKafka/CNGHTTP2 system libraries (librdkafka, libnghttp2)
 //   KafkaTransport    librdkafka wrapper: producer, consumer, mock cluster
 //   APNsHTTP2         libnghttp2 session driven by SwiftNIO (client and server)
+//   APNsClient        APNs HTTP/2 client: long-lived connections, pools per app
 //   APNsSimulator     APNs simulator: HTTP/2 provider API, legacy gateway and feedback service
 //   apns-fleet        the one executable, a thin argument-parser front end
 
@@ -120,6 +121,23 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // The APNs HTTP/2 client: long-lived connections on libnghttp2, pooled per app.
+        .target(
+            name: "APNsClient",
+            dependencies: [
+                "APNsCore",
+                "APNsHTTP2",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Configuration
 
         .target(
@@ -138,6 +156,7 @@ let package = Package(
             dependencies: [
                 "APNsCore",
                 "APNsFleetConfig",
+                "APNsClient",
                 "APNsSimulator",
                 "KafkaTransport",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -159,6 +178,20 @@ let package = Package(
         .testTarget(
             name: "APNsFleetConfigTests",
             dependencies: ["APNsFleetConfig", "APNsCore"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "APNsClientTests",
+            dependencies: [
+                "APNsClient",
+                "APNsSimulator",
+                "APNsCore",
+                "APNsHTTP2",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -18,6 +18,7 @@ struct APNsFleet: AsyncParsableCommand {
         version: APNsFleetVersion.current,
         subcommands: [
             SimulatorCommand.self,
+            SendCommand.self,
             DevCredentialsCommand.self,
             ValidateJobCommand.self,
             KafkaDevCommand.self,

@@ -109,7 +109,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await consumer.run() }
             for await batch in consumer.batches {
-                if started == nil { started = (.now, Self.cpuSeconds()) }
+                if started == nil { started = (.now, ProcessUsage.now().cpuSeconds) }
                 for record in batch {
                     let receipt = record.receipt
                     let message = KafkaOutgoingMessage(topic: outputTopic, key: record.key, value: record.value, headers: record.headers)
@@ -128,7 +128,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         }
         guard let (startTime, startCPU) = started else { throw ValidationError("nothing was consumed") }
         let wall = ContinuousClock.now - startTime
-        let cpu = Self.cpuSeconds() - startCPU
+        let cpu = ProcessUsage.now().cpuSeconds - startCPU
         await producer.shutdown(flushTimeout: .seconds(30))
         withExtendedLifetime(cluster) {}
 
@@ -163,17 +163,6 @@ struct KafkaBenchCommand: AsyncParsableCommand {
                 try await Task.sleep(for: .milliseconds(1))
             }
         }
-    }
-
-    private static func cpuSeconds() -> Double {
-        var usage = rusage()
-        #if os(Linux)
-        getrusage(Int32(RUSAGE_SELF.rawValue), &usage)
-        #else
-        getrusage(RUSAGE_SELF, &usage)
-        #endif
-        return Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
-            + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
     }
 }
 

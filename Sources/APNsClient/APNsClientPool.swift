@@ -1,0 +1,404 @@
+import APNsCore
+import Logging
+import NIOCore
+import NIOPosix
+import NIOSSL
+import ServiceLifecycle
+import Synchronization
+
+/// A pool of long-lived APNs connections for one app and environment, as a ServiceLifecycle
+/// `Service`.
+///
+/// ```swift
+/// let pool = try APNsClientPool(configuration: configuration, logger: logger)
+/// // in a ServiceGroup, or: async let running: Void = pool.run()
+/// let outcome = await pool.send(notification, timeout: .seconds(10))
+/// ```
+///
+/// - `configuration.connections` connections are kept open; each is replaced after GOAWAY,
+///   a dead PING or a close, with exponential backoff and jitter.
+/// - A request goes to the connection with the most free streams (a throttled connection,
+///   whose stream limit APNs lowered, gets less work). When every stream is taken the caller
+///   suspends until one frees up or its deadline passes: back-pressure instead of a queue that grows.
+/// - Requests APNs certainly did not process (REFUSED_STREAM, above a GOAWAY's last stream)
+///   are sent again on another connection, up to `unprocessedRetries` times, within the deadline.
+public final class APNsClientPool: Service, Sendable {
+    public let configuration: APNsClientConfiguration
+    private let group: any EventLoopGroup
+    private let logger: Logger
+    private let metrics: ClientMetrics
+    private let sslContext: NIOSSLContext
+
+    /// What a caller waiting for a stream is given.
+    private enum Lease: Sendable {
+        case connection(APNsConnection)
+        case shutdown
+        case timeout
+        /// No connection is up and the last attempts to connect failed.
+        case connectionFailed(String)
+    }
+
+    private typealias Waiter = UnsafeContinuation<Lease, Never>
+
+    private struct State {
+        var assignment = PoolAssignment<Waiter>()
+        var connections: [UInt64: APNsConnection] = [:]
+        var tokenRejections: TokenRejectionTracker
+        var configurationError: APNsClientError?
+        var nextConnectionID: UInt64 = 0
+        /// Connect attempts that failed since a connection was last ready.
+        var connectFailures = 0
+        var lastConnectError: APNsClientError?
+        var shutdownRequested = false
+        var shutdownWaiters: [UnsafeContinuation<Void, Never>] = []
+    }
+
+    private let state: Mutex<State>
+    private let unprocessedRetryCount = Atomic<Int>(0)
+
+    public init(
+        configuration: APNsClientConfiguration,
+        eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+        logger: Logger = Logger(label: "apns-fleet.client")
+    ) throws(APNsClientError) {
+        try configuration.validate()
+        self.configuration = configuration
+        self.group = eventLoopGroup
+        var logger = logger
+        logger[metadataKey: "apns.app"] = "\(configuration.name)"
+        self.logger = logger
+        self.metrics = ClientMetrics(app: configuration.name)
+        self.sslContext = try configuration.makeTLSContext()
+        self.state = Mutex(State(tokenRejections: TokenRejectionTracker(threshold: configuration.tokenRejectionsBeforeError)))
+    }
+
+    // MARK: Sending
+
+    /// Sends one notification and returns APNs's answer, or why there was none.
+    ///
+    /// Suspends while every stream of every connection is busy (back-pressure). Never throws:
+    /// a passed deadline, a shutdown or a broken connection are outcomes.
+    public func send(_ notification: APNsNotification, deadline: NIODeadline) async -> APNsOutcome {
+        var retries = 0
+        while true {
+            let connection: APNsConnection
+            switch await lease(deadline: deadline) {
+            case .connection(let leased):
+                connection = leased
+            case .shutdown:
+                return unanswered(.shutdown, "the client is shutting down")
+            case .timeout:
+                return unanswered(.timeout, waitingTimeoutDetail())
+            case .connectionFailed(let detail):
+                return unanswered(.connectionFailed, detail)
+            }
+            let outcome = await connection.execute(notification, deadline: deadline)
+            if case .notAnswered(let why) = outcome, why.certainlyNotProcessed,
+               why.kind == .refusedStream || why.kind == .goAway || why.kind == .connectionFailed,
+               retries < configuration.unprocessedRetries, NIODeadline.now() < deadline {
+                retries += 1
+                metrics.unprocessedRetry(why.kind)
+                unprocessedRetryCount.add(1, ordering: .relaxed)
+                continue
+            }
+            return outcome
+        }
+    }
+
+    /// An outcome for a request that never left the client.
+    private func unanswered(_ kind: APNsNotAnswered.Kind, _ detail: String) -> APNsOutcome {
+        let outcome = APNsOutcome.notAnswered(APNsNotAnswered(kind, detail, certainlyNotProcessed: true))
+        metrics.record(outcome)
+        return outcome
+    }
+
+    /// `send` with a deadline `timeout` from now.
+    public func send(_ notification: APNsNotification, timeout: Duration) async -> APNsOutcome {
+        await send(notification, deadline: .now() + TimeAmount(timeout))
+    }
+
+    private func waitingTimeoutDetail() -> String {
+        let usable = state.withLock { $0.assignment.entries.filter { $0.budget.isUsable }.count }
+        return usable == 0
+            ? "no connection to \(configuration.endpoint.host):\(configuration.endpoint.port) became ready before the deadline"
+            : "every stream stayed busy until the deadline"
+    }
+
+    /// A connection with a stream taken for the caller, waiting for one if needed.
+    private func lease(deadline: NIODeadline) async -> Lease {
+        let immediate = state.withLock { state -> Lease? in
+            Self.immediateLease(&state)
+        }
+        if let immediate { return immediate }
+        if deadline <= .now() { return .timeout }
+        return await withUnsafeContinuation { (continuation: Waiter) in
+            let ticket = state.withLock { state -> UInt64? in
+                if let immediate = Self.immediateLease(&state) {
+                    continuation.resume(returning: immediate)
+                    return nil
+                }
+                let ticket = state.assignment.enqueue(continuation)
+                metrics.recordWaiting(state.assignment.waiterCount)
+                return ticket
+            }
+            guard let ticket else { return }
+            group.next().scheduleTask(deadline: deadline) { [self] in
+                let waiter = state.withLock { $0.assignment.cancel(ticket: ticket) }
+                waiter?.resume(returning: .timeout)
+            }
+        }
+    }
+
+    /// A lease that needs no waiting: a free stream, a shutdown, or a pool that cannot connect.
+    private static func immediateLease(_ state: inout State) -> Lease? {
+        if state.assignment.shuttingDown { return .shutdown }
+        if let id = state.assignment.acquire() {
+            if let connection = state.connections[id] { return .connection(connection) }
+            _ = state.assignment.update(connection: id) { $0.close(tokenAccepted: false) }
+        }
+        if state.connectFailures > 0, !state.assignment.entries.contains(where: { $0.budget.isUsable }) {
+            return .connectionFailed(state.lastConnectError?.message ?? "cannot connect to APNs")
+        }
+        return nil
+    }
+
+    /// Hands freed streams to waiters (outside the lock).
+    private static func resume(_ served: [(connection: UInt64, waiter: Waiter)], _ connections: [UInt64: APNsConnection]) {
+        for (id, waiter) in served {
+            waiter.resume(returning: connections[id].map { .connection($0) } ?? .connectionFailed("the connection closed"))
+        }
+    }
+
+    /// The last failure to connect, while no connection is up.
+    public var connectError: APNsClientError? {
+        state.withLock { state in
+            state.assignment.entries.contains { $0.budget.isUsable } ? nil : state.lastConnectError
+        }
+    }
+
+    // MARK: Observing
+
+    /// Set when APNs keeps rejecting fresh provider tokens (wrong key id, team id or key, or a
+    /// clock far off); cleared by the next accepted request.
+    public var configurationError: APNsClientError? {
+        state.withLock { $0.configurationError }
+    }
+
+    /// A snapshot for diagnostics and tests.
+    public struct Statistics: Sendable, Hashable {
+        /// Connections that take work now.
+        public var usableConnections: Int
+        /// The stream limit of each usable connection.
+        public var streamLimits: [Int]
+        public var inFlight: Int
+        public var waiting: Int
+        /// Requests re-sent because APNs certainly did not process them (refused, GOAWAY), since start.
+        public var unprocessedRetries: Int
+    }
+
+    public var statistics: Statistics {
+        state.withLock { state in
+            let usable = state.assignment.entries.filter { $0.budget.isUsable }
+            return Statistics(
+                usableConnections: usable.count,
+                streamLimits: usable.map(\.budget.limit),
+                inFlight: state.assignment.inFlight,
+                waiting: state.assignment.waiterCount,
+                unprocessedRetries: unprocessedRetryCount.load(ordering: .relaxed)
+            )
+        }
+    }
+
+    /// Waits until `count` connections are usable (or `timeout` passes); true if they are.
+    public func waitUntilReady(connections count: Int? = nil, timeout: Duration = .seconds(10)) async -> Bool {
+        let wanted = count ?? configuration.connections
+        let end = ContinuousClock.now + timeout
+        while ContinuousClock.now < end {
+            if statistics.usableConnections >= wanted { return true }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return statistics.usableConnections >= wanted
+    }
+
+    // MARK: Running
+
+    /// Keeps the connections open until graceful shutdown (or `shutdown()`), then drains.
+    public func run() async throws {
+        await withGracefulShutdownHandler {
+            await withDiscardingTaskGroup { group in
+                for slot in 0..<configuration.connections {
+                    group.addTask { await self.runSlot(slot) }
+                }
+                await self.waitForShutdownRequest()
+                await self.drainAndClose()
+            }
+        } onGracefulShutdown: {
+            self.shutdown()
+        }
+    }
+
+    /// Begins a clean shutdown: waiting callers get `.shutdown`, in-flight requests get up to
+    /// `drainTimeout` to finish, then every connection closes and `run()` returns.
+    public func shutdown() {
+        let (waiters, shutdownWaiters) = state.withLock { state -> ([Waiter], [UnsafeContinuation<Void, Never>]) in
+            guard !state.shutdownRequested else { return ([], []) }
+            state.shutdownRequested = true
+            let waiters = state.assignment.shutdown()
+            let shutdownWaiters = state.shutdownWaiters
+            state.shutdownWaiters.removeAll()
+            return (waiters, shutdownWaiters)
+        }
+        for waiter in waiters { waiter.resume(returning: .shutdown) }
+        for waiter in shutdownWaiters { waiter.resume() }
+    }
+
+    private var isShuttingDown: Bool { state.withLock { $0.shutdownRequested } }
+
+    private func waitForShutdownRequest() async {
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            let already = state.withLock { state -> Bool in
+                if state.shutdownRequested { return true }
+                state.shutdownWaiters.append(continuation)
+                return false
+            }
+            if already { continuation.resume() }
+        }
+    }
+
+    private func drainAndClose() async {
+        let connections = state.withLock { Array($0.connections.values) }
+        let deadline = NIODeadline.now() + TimeAmount(configuration.drainTimeout)
+        for connection in connections { connection.drain(until: deadline) }
+        for connection in connections { try? await connection.closedFuture.get() }
+    }
+
+    /// One connection slot: connect, serve until unusable, back off, reconnect.
+    private func runSlot(_ slot: Int) async {
+        var backoff = ReconnectBackoff(base: configuration.reconnectBackoff.base, maximum: configuration.reconnectBackoff.maximum)
+        while !isShuttingDown {
+            let id = state.withLock { state -> UInt64 in
+                state.nextConnectionID += 1
+                return state.nextConnectionID
+            }
+            let connection = APNsConnection(id: id, eventLoop: group.next(), configuration: configuration, events: self, logger: logger, metrics: metrics)
+            state.withLock { state in
+                state.connections[id] = connection
+                state.assignment.add(connection: id, budget: StreamBudget(localLimit: configuration.maximumStreamsPerConnection, tokenAuthentication: configuration.authentication.isToken))
+            }
+            do {
+                try await connection.connect(sslContext: sslContext)
+                if isShuttingDown { connection.drain(until: .now()) }
+                try? await connection.unusableFuture.get()
+                if connection.hadSuccessSnapshot { backoff.reset() }
+            } catch {
+                metrics.connectionEvent("connect_failed")
+                let failure = error as? APNsClientError ?? APNsClientError(.connect, "\(error)")
+                // Logged at warning the first time, then quietly while it keeps failing.
+                let waiters = state.withLock { state -> [Waiter] in
+                    state.assignment.remove(connection: id)
+                    state.connections[id] = nil
+                    state.connectFailures += 1
+                    state.lastConnectError = failure
+                    if state.assignment.entries.contains(where: { $0.budget.isUsable }) { return [] }
+                    // Nobody can be served: callers hear "connection failed" now, not at their deadline.
+                    return state.assignment.takeAllWaiters()
+                }
+                if backoff.failures == 0 {
+                    logger.warning("Cannot connect to APNs", metadata: ["apns.error": "\(failure.message)", "apns.slot": "\(slot)"])
+                } else {
+                    logger.debug("Still cannot connect to APNs", metadata: ["apns.error": "\(failure.message)", "apns.slot": "\(slot)"])
+                }
+                for waiter in waiters { waiter.resume(returning: .connectionFailed(failure.message)) }
+            }
+            if isShuttingDown { break }
+            let delay = backoff.nextDelay(jitter: Double.random(in: 0...1))
+            let wakeUp = ContinuousClock.now + delay
+            while !isShuttingDown, ContinuousClock.now < wakeUp {
+                try? await Task.sleep(for: min(.milliseconds(50), wakeUp - ContinuousClock.now))
+            }
+        }
+    }
+
+    private func publishGauges(_ state: borrowing State) {
+        var limit = 0
+        var usable = 0
+        for entry in state.assignment.entries where entry.budget.isUsable {
+            limit += entry.budget.limit
+            usable += 1
+        }
+        metrics.recordPool(streamLimit: limit, usableConnections: usable, inFlight: state.assignment.inFlight)
+    }
+}
+
+extension APNsClientPool: APNsConnectionEvents {
+    func connectionBecameReady(_ connection: APNsConnection, maxConcurrentStreams: UInt32?) {
+        let (served, connections) = state.withLock { state in
+            state.connectFailures = 0
+            state.lastConnectError = nil
+            let served = state.assignment.update(connection: connection.id) { $0.settingsReceived(maxConcurrentStreams: maxConcurrentStreams) }
+            publishGauges(state)
+            return (served, state.connections)
+        }
+        Self.resume(served, connections)
+    }
+
+    func connection(_ connection: APNsConnection, didChangeMaxConcurrentStreams value: UInt32) {
+        let (served, connections) = state.withLock { state in
+            let served = state.assignment.update(connection: connection.id) { $0.settingsReceived(maxConcurrentStreams: value) }
+            publishGauges(state)
+            return (served, state.connections)
+        }
+        logger.debug("Stream limit changed", metadata: ["apns.connection": "\(connection.id)", "apns.max_concurrent_streams": "\(value)"])
+        Self.resume(served, connections)
+    }
+
+    func connection(_ connection: APNsConnection, didFinishStreamAcceptingToken tokenAccepted: Bool) {
+        let served = state.withLock { state -> [(connection: UInt64, waiter: Waiter, target: APNsConnection?)] in
+            if tokenAccepted, state.tokenRejections.consecutive > 0 || state.configurationError != nil {
+                state.tokenRejections.accepted()
+                state.configurationError = nil
+            }
+            return state.assignment.update(connection: connection.id) { $0.close(tokenAccepted: tokenAccepted) }
+                .map { ($0.connection, $0.waiter, state.connections[$0.connection]) }
+        }
+        for (_, waiter, target) in served { waiter.resume(returning: target.map { .connection($0) } ?? .connectionFailed("the connection closed")) }
+    }
+
+    func connection(_ connection: APNsConnection, didRejectProviderToken reason: APNsReason) {
+        let action = state.withLock { state -> TokenRejectionTracker.Action in
+            let action = state.tokenRejections.rejected(connection: connection.id)
+            if case .replaceConnectionAndReport(let count) = action {
+                state.configurationError = APNsClientError(
+                    .providerTokenRejected,
+                    "APNs rejected \(count) fresh provider tokens in a row (\(reason)): check the key id, team id and .p8 key of app '\(configuration.name)', and the system clock"
+                )
+            }
+            return action
+        }
+        switch action {
+        case .none:
+            return
+        case .replaceConnection:
+            logger.notice("APNs rejected the provider token; replacing the connection with a fresh token", metadata: ["apns.reason": "\(reason)"])
+        case .replaceConnectionAndReport:
+            logger.error("\(configurationError?.message ?? "provider tokens keep being rejected")")
+        }
+        connection.retire(reason: "provider token rejected (\(reason))")
+    }
+
+    func connectionBecameUnusable(_ connection: APNsConnection) {
+        state.withLock { state in
+            _ = state.assignment.update(connection: connection.id) { $0.goAwayReceived() }
+            publishGauges(state)
+        }
+    }
+
+    func connectionDidClose(_ connection: APNsConnection) {
+        state.withLock { state in
+            state.assignment.remove(connection: connection.id)
+            state.connections[connection.id] = nil
+            state.tokenRejections.connectionGone(connection.id)
+            publishGauges(state)
+        }
+    }
+}

@@ -1,0 +1,99 @@
+import APNsCore
+import Logging
+import NIOCore
+import NIOPosix
+import ServiceLifecycle
+
+/// Several apps' pools in one process: one `APNsClientPool` per app and environment, run and
+/// shut down together as one `Service`.
+///
+/// ```swift
+/// let clients = try APNsClients(apps: fleet.apps, environments: [.production])
+/// let outcome = await clients.send(notification, app: "example", environment: .production, deadline: deadline)
+/// ```
+public final class APNsClients: Service, Sendable {
+    public struct Key: Sendable, Hashable, CustomStringConvertible {
+        public var app: String
+        /// Nil for a custom endpoint (a simulator), which serves both environments.
+        public var environment: APNsEnvironment?
+
+        public init(app: String, environment: APNsEnvironment?) {
+            self.app = app
+            self.environment = environment
+        }
+
+        public var description: String { environment.map { "\(app)/\($0.rawValue)" } ?? app }
+    }
+
+    public let pools: [Key: APNsClientPool]
+
+    /// Pools from ready-made configurations; the key is the configuration's name and endpoint.
+    public init(
+        configurations: [APNsClientConfiguration],
+        eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+        logger: Logger = Logger(label: "apns-fleet.client")
+    ) throws(APNsClientError) {
+        var pools: [Key: APNsClientPool] = [:]
+        for configuration in configurations {
+            let key = Key(app: configuration.name, environment: Self.environment(of: configuration.endpoint))
+            guard pools[key] == nil else { throw APNsClientError(.configuration, "two client pools for \(key)") }
+            pools[key] = try APNsClientPool(configuration: configuration, eventLoopGroup: eventLoopGroup, logger: logger)
+        }
+        self.pools = pools
+    }
+
+    /// Pools for every app in `apps`, for each of `environments` (a custom endpoint gets one pool).
+    public convenience init(
+        apps: [AppConfiguration],
+        environments: Set<APNsEnvironment>,
+        eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+        logger: Logger = Logger(label: "apns-fleet.client")
+    ) throws(APNsClientError) {
+        var configurations: [APNsClientConfiguration] = []
+        for app in apps where app.transport == .http2 {
+            if case .custom = app.endpoint {
+                configurations.append(try APNsClientConfiguration.load(app: app))
+            } else {
+                for environment in environments.sorted(by: { $0.rawValue < $1.rawValue }) {
+                    configurations.append(try APNsClientConfiguration.load(app: app, environment: environment))
+                }
+            }
+        }
+        try self.init(configurations: configurations, eventLoopGroup: eventLoopGroup, logger: logger)
+    }
+
+    static func environment(of endpoint: AppConfiguration.Endpoint) -> APNsEnvironment? {
+        switch endpoint {
+        case .production: .production
+        case .sandbox: .sandbox
+        case .custom: nil
+        }
+    }
+
+    /// The pool for `app` and `environment` (or the app's custom-endpoint pool).
+    public func pool(app: String, environment: APNsEnvironment) -> APNsClientPool? {
+        pools[Key(app: app, environment: environment)] ?? pools[Key(app: app, environment: nil)]
+    }
+
+    /// Sends through the right pool; an unknown app or environment is a connection failure
+    /// that no retry can fix, so the worker should have rejected the job earlier.
+    public func send(_ notification: APNsNotification, app: String, environment: APNsEnvironment, deadline: NIODeadline) async -> APNsOutcome {
+        guard let pool = pool(app: app, environment: environment) else {
+            return .notAnswered(APNsNotAnswered(.connectionFailed, "no APNs client for app '\(app)' (\(environment.rawValue))", certainlyNotProcessed: true))
+        }
+        return await pool.send(notification, deadline: deadline)
+    }
+
+    public func run() async throws {
+        try await withThrowingDiscardingTaskGroup { group in
+            for pool in pools.values {
+                group.addTask { try await pool.run() }
+            }
+        }
+    }
+
+    /// Shuts every pool down (as graceful shutdown does).
+    public func shutdown() {
+        for pool in pools.values { pool.shutdown() }
+    }
+}

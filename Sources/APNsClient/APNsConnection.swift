@@ -1,0 +1,649 @@
+import APNsCore
+import APNsHTTP2
+import Logging
+import Metrics
+import NIOCore
+import NIOPosix
+import NIOSSL
+import NIOTLS
+import Synchronization
+
+/// What a connection tells its owner (the pool). Called on the connection's event loop.
+protocol APNsConnectionEvents: AnyObject, Sendable {
+    func connectionBecameReady(_ connection: APNsConnection, maxConcurrentStreams: UInt32?)
+    func connection(_ connection: APNsConnection, didChangeMaxConcurrentStreams value: UInt32)
+    /// A stream ended (answered, refused, timed out or failed); `tokenAccepted` when the answer proved the token valid.
+    func connection(_ connection: APNsConnection, didFinishStreamAcceptingToken tokenAccepted: Bool)
+    func connection(_ connection: APNsConnection, didRejectProviderToken reason: APNsReason)
+    /// GOAWAY arrived, the connection was retired, or it closed: no new work.
+    func connectionBecameUnusable(_ connection: APNsConnection)
+    func connectionDidClose(_ connection: APNsConnection)
+}
+
+// Debug builds (and so the tests) trap if a request were ever resumed twice; release builds
+// use the cheaper unchecked continuation.
+#if DEBUG
+typealias OutcomeContinuation = CheckedContinuation<APNsOutcome, Never>
+func withOutcomeContinuation(_ body: (OutcomeContinuation) -> Void) async -> APNsOutcome {
+    await withCheckedContinuation(body)
+}
+#else
+typealias OutcomeContinuation = UnsafeContinuation<APNsOutcome, Never>
+func withOutcomeContinuation(_ body: (OutcomeContinuation) -> Void) async -> APNsOutcome {
+    await withUnsafeContinuation(body)
+}
+#endif
+
+/// One request travelling through a connection.
+struct APNsRequest: Sendable {
+    let notification: APNsNotification
+    let deadline: NIODeadline
+    let start: NIODeadline
+    let continuation: OutcomeContinuation
+}
+
+/// One long-lived HTTP/2 connection to APNs: NIO socket, NIOSSL (TLS 1.2+, ALPN h2, verified
+/// server certificate) and a libnghttp2 client session.
+///
+/// Threading: everything but `pending` is confined to `eventLoop` (the channel's). Callers on
+/// other threads only append to `pending` under its lock and schedule one drain per batch, so
+/// that a burst of sends costs one event-loop hop and one write. That confinement is why the
+/// class can be `@unchecked Sendable`.
+final class APNsConnection: @unchecked Sendable {
+    let id: UInt64
+    let eventLoop: any EventLoop
+    private let configuration: APNsClientConfiguration
+    private let events: any APNsConnectionEvents
+    private let logger: Logger
+    private let metrics: ClientMetrics
+
+    // Cross-thread: requests handed over, drained on the loop.
+    private struct Pending {
+        var requests: [APNsRequest] = []
+        var drainScheduled = false
+    }
+    private let pending = Mutex(Pending())
+
+    // Loop-confined.
+    private var channel: (any Channel)?
+    private var session: HTTP2Session?
+    private var streams: [Int32: InFlight] = [:]
+    private var tokenSchedule: ProviderTokenSchedule
+    private var authorization: String?
+    private var ready = false
+    private var unusable = false
+    private var closed = false
+    private var goAwayLastStreamID: Int32?
+    private var lastRead = NIODeadline.now()
+    private var pingSentAt: NIODeadline?
+    private var sweepTask: Scheduled<Void>?
+    private var drainDeadline: NIODeadline?
+    private var requestHeaders: [HTTP2Header] = []
+    private var spareBatch: [APNsRequest] = []
+    private(set) var hadSuccess = false
+    /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
+    private let successSeen = Atomic<Bool>(false)
+    var hadSuccessSnapshot: Bool { successSeen.load(ordering: .relaxed) }
+
+    private let readyPromise: EventLoopPromise<Void>
+    private let unusablePromise: EventLoopPromise<Void>
+    private let closedPromise: EventLoopPromise<Void>
+
+    private struct InFlight {
+        var request: APNsRequest
+        var status = 0
+        var apnsID: String?
+        var apnsUniqueID: String?
+        var body: ByteBuffer?
+    }
+
+    private let authorityHeader: HTTP2Header
+    private static let methodHeader = HTTP2Header(":method", "POST")
+    private static let schemeHeader = HTTP2Header(":scheme", "https")
+    private static let priority10 = HTTP2Header("apns-priority", "10")
+    private static let priority5 = HTTP2Header("apns-priority", "5")
+    private static let priority1 = HTTP2Header("apns-priority", "1")
+    private static let expirationZero = HTTP2Header("apns-expiration", "0")
+
+    init(id: UInt64, eventLoop: any EventLoop, configuration: APNsClientConfiguration, events: any APNsConnectionEvents, logger: Logger, metrics: ClientMetrics) {
+        self.id = id
+        self.eventLoop = eventLoop
+        self.configuration = configuration
+        self.events = events
+        self.metrics = metrics
+        var logger = logger
+        logger[metadataKey: "apns.connection"] = "\(id)"
+        self.logger = logger
+        self.tokenSchedule = ProviderTokenSchedule(refreshAge: configuration.tokenRefreshAge)
+        self.authorityHeader = HTTP2Header(":authority", configuration.endpoint.host)
+        self.readyPromise = eventLoop.makePromise()
+        self.unusablePromise = eventLoop.makePromise()
+        self.closedPromise = eventLoop.makePromise()
+        requestHeaders.reserveCapacity(10)
+    }
+
+    /// Completes when the connection takes no more work (GOAWAY, retired, closed).
+    var unusableFuture: EventLoopFuture<Void> { unusablePromise.futureResult }
+    /// Completes when the socket is closed.
+    var closedFuture: EventLoopFuture<Void> { closedPromise.futureResult }
+
+    // MARK: Connecting
+
+    /// Opens the socket, completes TLS and waits for the server's first SETTINGS.
+    func connect(sslContext: NIOSSLContext) async throws {
+        let endpoint = configuration.endpoint
+        // SNI and name verification use the host name; for an IP address NIOSSL checks the
+        // certificate's IP SAN against the peer address instead.
+        let serverHostname: String? = Self.isIPAddress(endpoint.host) ? nil : endpoint.host
+        let bootstrap = ClientBootstrap(group: eventLoop)
+            .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            .connectTimeout(TimeAmount(configuration.connectTimeout))
+            .channelInitializer { [self] channel in
+                channel.eventLoop.makeCompletedFuture {
+                    let tls = try NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname)
+                    try channel.pipeline.syncOperations.addHandler(tls)
+                    try channel.pipeline.syncOperations.addHandler(HandshakeHandler(connection: self))
+                }
+            }
+        let timeout = eventLoop.scheduleTask(in: TimeAmount(configuration.connectTimeout)) { [self] in
+            readyPromise.fail(APNsClientError(.connect, "no HTTP/2 SETTINGS from \(endpoint.host):\(endpoint.port) within \(configuration.connectTimeout)"))
+            self.channel?.close(promise: nil)
+        }
+        defer { timeout.cancel() }
+        let channel: any Channel
+        do {
+            channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
+        } catch {
+            let failure = APNsClientError(.connect, "cannot connect to \(endpoint.host):\(endpoint.port): \(error)")
+            readyPromise.fail(failure)
+            eventLoop.execute { self.finishClosed() }
+            throw failure
+        }
+        eventLoop.execute { [self] in
+            self.channel = channel
+            channel.closeFuture.whenComplete { [self] _ in self.handleClose() }
+        }
+        do {
+            try await readyPromise.futureResult.get()
+        } catch {
+            channel.close(promise: nil)
+            throw error
+        }
+    }
+
+    static func isIPAddress(_ host: String) -> Bool {
+        (try? SocketAddress(ipAddress: host, port: 0)) != nil
+    }
+
+    /// Called by the handshake handler once TLS is up with ALPN h2.
+    fileprivate func installHTTP2(on channel: any Channel) throws {
+        self.channel = channel
+        let session = try HTTP2Session(role: .client, delegate: SessionDelegate(self))
+        self.session = session
+        let handler = HTTP2ChannelHandler(session: session, initialSettings: [
+            HTTP2Setting(.enablePush, 0),
+            HTTP2Setting(.initialWindowSize, 1 << 20),
+        ])
+        try channel.pipeline.syncOperations.addHandler(handler)
+        scheduleSweep()
+    }
+
+    fileprivate func handshakeFailed(_ error: any Error) {
+        readyPromise.fail(APNsClientError(.connect, "TLS with \(configuration.endpoint.host):\(configuration.endpoint.port) failed: \(error)"))
+    }
+
+    // MARK: Sending (any thread)
+
+    /// Sends one request; the pool has already taken a stream of this connection's budget.
+    func execute(_ notification: APNsNotification, deadline: NIODeadline) async -> APNsOutcome {
+        await withOutcomeContinuation { continuation in
+            let request = APNsRequest(notification: notification, deadline: deadline, start: .now(), continuation: continuation)
+            let schedule = pending.withLock { pending -> Bool in
+                pending.requests.append(request)
+                if pending.drainScheduled { return false }
+                pending.drainScheduled = true
+                return true
+            }
+            if schedule {
+                eventLoop.execute { self.drainPending() }
+            }
+        }
+    }
+
+    // MARK: Loop-confined work
+
+    private func drainPending() {
+        // The batch array is swapped out and back, so steady state allocates no arrays.
+        var batch = spareBatch
+        spareBatch = []
+        pending.withLock { pending in
+            pending.drainScheduled = false
+            swap(&batch, &pending.requests)
+        }
+        guard !batch.isEmpty else { return }
+        let now = NIODeadline.now()
+        for request in batch {
+            submit(request, now: now)
+        }
+        batch.removeAll(keepingCapacity: true)
+        spareBatch = batch
+        session?.flush()
+    }
+
+    private func submit(_ request: APNsRequest, now: NIODeadline) {
+        guard let session, !closed else {
+            finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
+            return
+        }
+        if unusable {
+            finish(request, .notAnswered(APNsNotAnswered(.goAway, "the connection was going away before the request was written", certainlyNotProcessed: true)))
+            return
+        }
+        if request.deadline <= now {
+            finish(request, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
+            return
+        }
+        let notification = request.notification
+        requestHeaders.removeAll(keepingCapacity: true)
+        requestHeaders.append(Self.methodHeader)
+        requestHeaders.append(Self.schemeHeader)
+        requestHeaders.append(HTTP2Header(":path", "/3/device/" + notification.deviceToken, neverIndex: true))
+        requestHeaders.append(authorityHeader)
+        if case .token(let signer) = configuration.authentication {
+            guard let authorization = currentAuthorization(signer) else {
+                finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
+                return
+            }
+            requestHeaders.append(HTTP2Header("authorization", authorization, neverIndex: true))
+        }
+        if let apnsID = notification.apnsID { requestHeaders.append(HTTP2Header("apns-id", apnsID)) }
+        if let expiration = notification.expiration {
+            requestHeaders.append(expiration == 0 ? Self.expirationZero : HTTP2Header("apns-expiration", String(expiration)))
+        }
+        if let priority = notification.priority {
+            switch priority {
+            case .immediate: requestHeaders.append(Self.priority10)
+            case .powerConsiderate: requestHeaders.append(Self.priority5)
+            case .low: requestHeaders.append(Self.priority1)
+            }
+        }
+        if let topic = notification.topic { requestHeaders.append(HTTP2Header("apns-topic", topic)) }
+        if let collapseID = notification.collapseID { requestHeaders.append(HTTP2Header("apns-collapse-id", collapseID)) }
+        if let pushType = notification.pushType { requestHeaders.append(HTTP2Header("apns-push-type", pushType.rawValue)) }
+
+        var body: ByteBuffer?
+        if notification.payload.count > 0, let channel {
+            var buffer = channel.allocator.buffer(capacity: notification.payload.count)
+            buffer.writeBytes(notification.payload.bytes)
+            body = buffer
+        }
+        do {
+            let stream = try session.submitRequest(headers: requestHeaders, body: body)
+            streams[stream] = InFlight(request: request)
+        } catch {
+            finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
+        }
+    }
+
+    /// The bearer header for now, minting a token when the schedule says so.
+    private func currentAuthorization(_ signer: ProviderTokenSigner) -> String? {
+        let now = configuration.clock.now()
+        switch tokenSchedule.decide(now: now) {
+        case .keep:
+            if let authorization { return authorization }
+            fallthrough
+        case .mint:
+            do {
+                let token = try signer.token(issuedAt: now)
+                tokenSchedule.minted(issuedAt: now)
+                authorization = "bearer " + token
+                metrics.tokensMinted.increment()
+                logger.debug("Minted a provider token", metadata: ["apns.token.issued_at": "\(now)"])
+                return authorization
+            } catch {
+                logger.error("Cannot sign a provider token", metadata: ["apns.error": "\(error)"])
+                return nil
+            }
+        }
+    }
+
+    /// Resumes the caller and gives the stream back to the pool.
+    private func finish(_ request: APNsRequest, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
+        events.connection(self, didFinishStreamAcceptingToken: tokenAccepted)
+        metrics.record(outcome)
+        request.continuation.resume(returning: outcome)
+    }
+
+    fileprivate func receivedHeader(_ field: HTTP2HeaderField, on stream: Int32) {
+        guard streams[stream] != nil else { return }
+        switch field.nameCount {
+        case 7 where field.nameEquals(":status"):
+            streams[stream]?.status = field.withValueBytes { bytes in
+                var value = 0
+                for byte in bytes {
+                    guard byte >= 0x30, byte <= 0x39 else { return 0 }
+                    value = value * 10 + Int(byte - 0x30)
+                }
+                return value
+            }
+        case 7 where field.nameEquals("apns-id"):
+            streams[stream]?.apnsID = field.value
+        case 14 where field.nameEquals("apns-unique-id"):
+            streams[stream]?.apnsUniqueID = field.value
+        default:
+            break
+        }
+    }
+
+    fileprivate func receivedData(_ chunk: HTTP2DataChunk, on stream: Int32) {
+        guard var inFlight = streams[stream], let channel else { return }
+        // APNs error bodies are tiny JSON objects; anything beyond 8 KB is not kept.
+        var body = inFlight.body ?? channel.allocator.buffer(capacity: max(64, min(chunk.count, 8192)))
+        guard body.readableBytes + chunk.count <= 8192 else { return }
+        chunk.append(to: &body)
+        inFlight.body = body
+        streams[stream] = inFlight
+    }
+
+    fileprivate func receivedEndStream(on stream: Int32) {
+        guard let inFlight = streams.removeValue(forKey: stream) else { return }
+        var reason: APNsReason?
+        var timestamp: Int64?
+        if let body = inFlight.body, body.readableBytes > 0 {
+            (reason, timestamp) = Self.parseBody(body)
+        }
+        let response = APNsResponse(
+            status: inFlight.status,
+            reason: reason,
+            apnsID: inFlight.apnsID,
+            apnsUniqueID: inFlight.apnsUniqueID,
+            timestamp: timestamp,
+            latency: Self.duration(from: inFlight.request.start, to: .now())
+        )
+        let tokenAccepted = StreamBudget.provesTokenValid(status: response.status, reason: reason)
+        if response.status == 200, !hadSuccess {
+            hadSuccess = true
+            successSeen.store(true, ordering: .relaxed)
+        }
+        if let reason, reason.known?.refreshesProviderToken == true, configuration.authentication.isToken {
+            events.connection(self, didRejectProviderToken: reason)
+        }
+        finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
+        closeIfDrained()
+    }
+
+    static func parseBody(_ body: ByteBuffer) -> (APNsReason?, Int64?) {
+        guard let value = try? JSONParser.parse(Array(body.readableBytesView)) else { return (nil, nil) }
+        let reason = value["reason"]?.string.map { APNsReason(rawValue: $0) }
+        let timestamp = value["timestamp"]?.int64 ?? value["timestamp"]?.double.map { Int64($0) }
+        return (reason, timestamp)
+    }
+
+    fileprivate func streamClosed(_ stream: Int32, errorCode: HTTP2ErrorCode) {
+        guard let inFlight = streams.removeValue(forKey: stream) else { return }
+        let outcome: APNsNotAnswered
+        if errorCode == .refusedStream {
+            if let last = goAwayLastStreamID, stream > last {
+                outcome = APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(last)", certainlyNotProcessed: true)
+            } else {
+                outcome = APNsNotAnswered(.refusedStream, "the server refused stream \(stream)", certainlyNotProcessed: true)
+            }
+        } else {
+            outcome = APNsNotAnswered(.connectionFailed, "stream \(stream) closed without an answer (\(errorCode))", certainlyNotProcessed: false)
+        }
+        finish(inFlight.request, .notAnswered(outcome))
+        closeIfDrained()
+    }
+
+    fileprivate func receivedGoAway(_ goAway: HTTP2GoAway) {
+        goAwayLastStreamID = goAway.lastStreamID
+        let reason = goAway.opaqueData.isEmpty ? nil : Self.parseBody(ByteBuffer(bytes: goAway.opaqueData)).0
+        logger.notice("APNs sent GOAWAY", metadata: [
+            "apns.goaway.reason": "\(reason?.rawValue ?? String(decoding: goAway.opaqueData.prefix(200), as: UTF8.self))",
+            "apns.goaway.error_code": "\(goAway.errorCode)",
+            "apns.goaway.last_stream_id": "\(goAway.lastStreamID)",
+            "apns.in_flight": "\(streams.count)",
+        ])
+        metrics.connectionEvent("goaway")
+        // The pool stops choosing this connection before any caller hears back, so that the
+        // retries below go elsewhere.
+        becomeUnusable()
+        // Streams above the last one APNs will process are answered now (exactly once: they
+        // leave `streams` here, so their later close is ignored) and retried elsewhere.
+        for stream in streams.keys.sorted() where stream > goAway.lastStreamID {
+            if let inFlight = streams.removeValue(forKey: stream) {
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
+            }
+        }
+        closeIfDrained()
+    }
+
+    fileprivate func receivedSettings(_ settings: [HTTP2Setting]) {
+        let limit = settings.last { $0.identifier == .maxConcurrentStreams }?.value
+        if !ready {
+            ready = true
+            metrics.connectionEvent("ready")
+            logger.debug("Connection ready", metadata: ["apns.max_concurrent_streams": "\(limit.map(String.init) ?? "unlimited")"])
+            events.connectionBecameReady(self, maxConcurrentStreams: limit)
+            readyPromise.succeed()
+        } else if let limit {
+            events.connection(self, didChangeMaxConcurrentStreams: limit)
+        }
+    }
+
+    fileprivate func receivedPingAck() {
+        pingSentAt = nil
+    }
+
+    fileprivate func markRead() {
+        lastRead = .now()
+    }
+
+    /// Stops taking work: the pool will open a replacement; this one closes once idle.
+    func retire(reason: String) {
+        eventLoop.execute { [self] in
+            guard !unusable else { return }
+            logger.info("Retiring connection", metadata: ["apns.reason": "\(reason)"])
+            becomeUnusable()
+            closeIfDrained()
+        }
+    }
+
+    /// Drains for shutdown: no new work; closes when idle or at `deadline`.
+    func drain(until deadline: NIODeadline) {
+        eventLoop.execute { [self] in
+            drainDeadline = deadline
+            becomeUnusable()
+            closeIfDrained()
+        }
+    }
+
+    private func becomeUnusable() {
+        guard !unusable else { return }
+        unusable = true
+        events.connectionBecameUnusable(self)
+        unusablePromise.succeed()
+    }
+
+    private func closeIfDrained() {
+        guard unusable, streams.isEmpty, !closed else { return }
+        if let session {
+            try? session.submitGoAway(errorCode: .noError)
+            session.flush()
+        }
+        channel?.close(promise: nil)
+    }
+
+    private func handleClose() {
+        guard !closed else { return }
+        closed = true
+        sweepTask?.cancel()
+        readyPromise.fail(APNsClientError(.connect, "the connection closed before HTTP/2 was ready"))
+        becomeUnusable()
+        let lost = streams
+        streams.removeAll()
+        for (stream, inFlight) in lost.sorted(by: { $0.key < $1.key }) {
+            let certain = goAwayLastStreamID.map { stream > $0 } ?? false
+            finish(inFlight.request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
+        }
+        metrics.connectionEvent("closed")
+        logger.debug("Connection closed", metadata: ["apns.lost_streams": "\(lost.count)"])
+        events.connectionDidClose(self)
+        finishClosed()
+        // Requests that arrived after the close are failed by the drain.
+        drainPending()
+    }
+
+    private func finishClosed() {
+        closed = true
+        unusablePromise.succeed()
+        closedPromise.succeed()
+    }
+
+    // MARK: Deadlines and PING
+
+    private func scheduleSweep() {
+        sweepTask = eventLoop.scheduleTask(in: TimeAmount(configuration.deadlineCheckInterval)) { [self] in
+            sweep()
+            if !closed { scheduleSweep() }
+        }
+    }
+
+    private func sweep() {
+        guard let session, !closed else { return }
+        let now = NIODeadline.now()
+        var wrote = false
+        if !streams.isEmpty {
+            var expired: [Int32] = []
+            for (stream, inFlight) in streams where inFlight.request.deadline <= now {
+                expired.append(stream)
+            }
+            for stream in expired.sorted() {
+                guard let inFlight = streams.removeValue(forKey: stream) else { continue }
+                try? session.submitResetStream(stream, errorCode: .cancel)
+                wrote = true
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
+            }
+        }
+        if let drainDeadline, now >= drainDeadline, !streams.isEmpty {
+            for (stream, inFlight) in streams.sorted(by: { $0.key < $1.key }) {
+                try? session.submitResetStream(stream, errorCode: .cancel)
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
+            }
+            streams.removeAll()
+            wrote = true
+        }
+        if let pingSentAt {
+            if now - pingSentAt > TimeAmount(configuration.pingTimeout) {
+                logger.warning("PING unanswered: the connection is dead", metadata: ["apns.ping_timeout": "\(configuration.pingTimeout)"])
+                metrics.connectionEvent("dead")
+                // Answer everything now: a graceful TLS close would wait for a peer that is gone.
+                let channel = self.channel
+                handleClose()
+                channel?.close(promise: nil)
+                return
+            }
+        } else if ready, now - lastRead > TimeAmount(configuration.pingInterval) {
+            do {
+                try session.submitPing(opaqueData: UInt64(truncatingIfNeeded: now.uptimeNanoseconds))
+                pingSentAt = now
+                wrote = true
+            } catch {
+                channel?.close(promise: nil)
+                return
+            }
+        }
+        if wrote { session.flush() }
+        closeIfDrained()
+    }
+
+    static func duration(from start: NIODeadline, to end: NIODeadline) -> Duration {
+        .nanoseconds(Int64(end.uptimeNanoseconds &- start.uptimeNanoseconds))
+    }
+}
+
+extension TimeAmount {
+    init(_ duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+    }
+}
+
+/// The session's delegate: forwards to the connection (held weakly, as the session asks).
+private final class SessionDelegate: HTTP2SessionDelegate {
+    weak var connection: APNsConnection?
+
+    init(_ connection: APNsConnection) {
+        self.connection = connection
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveHeader field: HTTP2HeaderField, on stream: Int32) {
+        connection?.receivedHeader(field, on: stream)
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveHeadersOn stream: Int32) {
+        connection?.markRead()
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32) {
+        connection?.receivedData(chunk, on: stream)
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveEndStreamOn stream: Int32) {
+        connection?.receivedEndStream(on: stream)
+    }
+
+    func http2(_ session: HTTP2Session, didCloseStream stream: Int32, errorCode: HTTP2ErrorCode) {
+        connection?.streamClosed(stream, errorCode: errorCode)
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveGoAway goAway: HTTP2GoAway) {
+        connection?.markRead()
+        connection?.receivedGoAway(goAway)
+    }
+
+    func http2(_ session: HTTP2Session, didReceivePingAck opaqueData: UInt64) {
+        connection?.markRead()
+        connection?.receivedPingAck()
+    }
+
+    func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting]) {
+        connection?.markRead()
+        connection?.receivedSettings(settings)
+    }
+}
+
+/// Waits for the TLS handshake, insists on ALPN h2, then installs the HTTP/2 session.
+private final class HandshakeHandler: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+
+    private let connection: APNsConnection
+
+    init(connection: APNsConnection) {
+        self.connection = connection
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        guard let tlsEvent = event as? TLSUserEvent, case .handshakeCompleted(let negotiated) = tlsEvent else {
+            context.fireUserInboundEventTriggered(event)
+            return
+        }
+        guard negotiated == "h2" else {
+            connection.handshakeFailed(APNsClientError(.connect, "the server did not negotiate HTTP/2 (ALPN: \(negotiated ?? "none"))"))
+            context.close(promise: nil)
+            return
+        }
+        do {
+            try connection.installHTTP2(on: context.channel)
+            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        } catch {
+            connection.handshakeFailed(error)
+            context.close(promise: nil)
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        connection.handshakeFailed(error)
+        context.close(promise: nil)
+    }
+}

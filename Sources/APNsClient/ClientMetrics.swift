@@ -1,0 +1,94 @@
+import APNsCore
+import CoreMetrics
+import Metrics
+import Synchronization
+
+/// The client's swift-metrics instruments for one pool (dimension `app`).
+///
+/// - `apns.client.requests` (counter; `status`, `reason`): APNs answers.
+/// - `apns.client.not_answered` (counter; `kind`): refused, GOAWAY, timeout, connection failed.
+/// - `apns.client.unprocessed_retries` (counter; `kind`): requests re-sent on another connection.
+/// - `apns.client.latency` (timer): request to answer.
+/// - `apns.client.in_flight`, `apns.client.waiting` (gauges): streams open, callers waiting.
+/// - `apns.client.stream_limit` (gauge): the sum of the connections' stream limits.
+/// - `apns.client.connections` (counter; `event`: ready, goaway, closed, dead, connect_failed).
+/// - `apns.client.connections.usable` (gauge).
+/// - `apns.client.tokens_minted` (counter).
+final class ClientMetrics: Sendable {
+    let app: String
+    let latency: Metrics.Timer
+    let inFlight: Gauge
+    let waiting: Gauge
+    let streamLimit: Gauge
+    let usableConnections: Gauge
+    let tokensMinted: Counter
+    private let ok: Counter
+    private let answers = Mutex<[String: Counter]>([:])
+    private let notAnswered = Mutex<[String: Counter]>([:])
+    private let events = Mutex<[String: Counter]>([:])
+    private let retries = Mutex<[String: Counter]>([:])
+
+    init(app: String) {
+        self.app = app
+        let dimensions = [("app", app)]
+        latency = Metrics.Timer(label: "apns.client.latency", dimensions: dimensions)
+        inFlight = Gauge(label: "apns.client.in_flight", dimensions: dimensions)
+        waiting = Gauge(label: "apns.client.waiting", dimensions: dimensions)
+        streamLimit = Gauge(label: "apns.client.stream_limit", dimensions: dimensions)
+        usableConnections = Gauge(label: "apns.client.connections.usable", dimensions: dimensions)
+        tokensMinted = Counter(label: "apns.client.tokens_minted", dimensions: dimensions)
+        ok = Counter(label: "apns.client.requests", dimensions: [("app", app), ("status", "200"), ("reason", "")])
+    }
+
+    func record(_ outcome: APNsOutcome) {
+        switch outcome {
+        case .answered(let response):
+            latency.recordNanoseconds(Int64(response.latency.components.seconds) * 1_000_000_000 + response.latency.components.attoseconds / 1_000_000_000)
+            if response.status == 200, response.reason == nil {
+                ok.increment()
+            } else {
+                let reason = response.reason?.rawValue ?? ""
+                counter(in: answers, key: "\(response.status) \(reason)") {
+                    Counter(label: "apns.client.requests", dimensions: [("app", self.app), ("status", String(response.status)), ("reason", reason)])
+                }.increment()
+            }
+        case .notAnswered(let why):
+            let kind = why.kind.description
+            counter(in: notAnswered, key: kind) {
+                Counter(label: "apns.client.not_answered", dimensions: [("app", self.app), ("kind", kind)])
+            }.increment()
+        }
+    }
+
+    func recordPool(streamLimit: Int, usableConnections: Int, inFlight: Int) {
+        self.streamLimit.record(streamLimit)
+        self.usableConnections.record(usableConnections)
+        self.inFlight.record(inFlight)
+    }
+
+    func recordWaiting(_ count: Int) {
+        waiting.record(count)
+    }
+
+    func connectionEvent(_ event: String) {
+        counter(in: events, key: event) {
+            Counter(label: "apns.client.connections", dimensions: [("app", self.app), ("event", event)])
+        }.increment()
+    }
+
+    func unprocessedRetry(_ kind: APNsNotAnswered.Kind) {
+        let name = kind.description
+        counter(in: retries, key: name) {
+            Counter(label: "apns.client.unprocessed_retries", dimensions: [("app", self.app), ("kind", name)])
+        }.increment()
+    }
+
+    private func counter(in table: borrowing Mutex<[String: Counter]>, key: String, make: () -> Counter) -> Counter {
+        table.withLock { table in
+            if let counter = table[key] { return counter }
+            let counter = make()
+            table[key] = counter
+            return counter
+        }
+    }
+}

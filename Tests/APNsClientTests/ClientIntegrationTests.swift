@@ -1,0 +1,460 @@
+import APNsCore
+import Foundation
+import NIOCore
+import Synchronization
+import Testing
+
+@testable import APNsClient
+@testable import APNsSimulator
+
+@Suite("APNs client against the in-process simulator over TLS", .serialized, .timeLimit(.minutes(2)))
+struct ClientIntegrationTests {
+    @Test("Happy path: 200 with the apns-id, and a burst all delivered")
+    func happyPath() async throws {
+        try await withPool { pool, simulator, _ in
+            var notification = Fixture.notification()
+            notification.apnsID = "123e4567-e89b-12d3-a456-426655440000"
+            notification.collapseID = "order-4711"
+            let outcome = await pool.send(notification, timeout: .seconds(20))
+            #expect(outcome.status == 200, "\(outcome)")
+            #expect(outcome.response?.apnsID == notification.apnsID)
+            #expect(outcome.attemptResult == .answered(status: 200, reason: nil))
+
+            let outcomes = await withTaskGroup(of: APNsOutcome.self) { group in
+                for _ in 0..<200 { group.addTask { await pool.send(Fixture.notification(), timeout: .seconds(20)) } }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(outcomes.count == 200)
+            #expect(outcomes.allSatisfy { $0.status == 200 })
+            let counts = simulator.counters.snapshot()
+            #expect(counts.count(status: 200) == 201)
+            #expect(counts.totals.streamsReset == 0)
+        }
+    }
+
+    @Test("410 carries APNs's timestamp in milliseconds")
+    func unregistered() async throws {
+        try await withPool { pool, _, _ in
+            let outcome = await pool.send(Fixture.notification(token: Fixture.unregistered), timeout: .seconds(20))
+            #expect(outcome.status == 410)
+            #expect(outcome.reason == .unregistered)
+            #expect(outcome.response?.timestamp == Fixture.unregisteredAt)
+            #expect(outcome.response?.classification == .tokenInvalidating)
+        }
+    }
+
+    @Test("Each 400 and 413 reason the simulator gives comes back typed")
+    func badRequests() async throws {
+        try await withPool { pool, _, _ in
+            // A success first, so the connection is past its one-stream phase.
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            var cases: [(String, APNsNotification, Int, APNsReason)] = []
+            func add(_ name: String, _ reason: APNsReason, status: Int = 400, _ change: (inout APNsNotification) -> Void) {
+                var notification = Fixture.notification()
+                change(&notification)
+                cases.append((name, notification, status, reason))
+            }
+            add("bad token", .badDeviceToken) { $0.deviceToken = "abc" }
+            add("no token", .missingDeviceToken) { $0.deviceToken = "" }
+            add("bad apns-id", .badMessageId) { $0.apnsID = "not-a-uuid" }
+            add("background at 10", .badPriority) { $0.pushType = .background }
+            add("negative expiration", .badExpirationDate) { $0.expiration = -1 }
+            add("long collapse id", .badCollapseId) { $0.collapseID = String(repeating: "c", count: 65) }
+            add("bad topic", .badTopic) { $0.topic = "com example" }
+            add("no topic", .missingTopic) { $0.topic = nil }
+            add("other team's topic", .topicDisallowed) { $0.topic = "com.other.app" }
+            add("token bound elsewhere", .deviceTokenNotForTopic) { $0.deviceToken = Fixture.bound }
+            add("empty payload", .payloadEmpty) { $0.payload = RawJSON(bytes: []) }
+            add("large payload", .payloadTooLarge, status: 413) { $0.payload = RawJSON(#"{"aps":{"alert":""# + String(repeating: "x", count: 4200) + #""}}"#) }
+            for (name, notification, status, reason) in cases {
+                let outcome = await pool.send(notification, timeout: .seconds(20))
+                #expect(outcome.status == status, "\(name): \(outcome)")
+                #expect(outcome.reason == reason, "\(name): \(outcome)")
+            }
+        }
+    }
+
+    @Test("403 InvalidProviderToken from a wrong key, then a configuration error")
+    func invalidProviderToken() async throws {
+        try await withPool(client: { configuration in
+            // Same key id and team, another key: every signature is wrong.
+            if case .token(let signer) = configuration.authentication {
+                if let other = try? DevCredentials.generate(), let forged = try? ProviderTokenSigner(privateKeyPEM: other.signingKeyPEM, keyID: signer.keyID, teamID: signer.teamID) {
+                    configuration.authentication = .token(forged)
+                }
+            }
+        }) { pool, simulator, _ in
+            var outcomes: [APNsOutcome] = []
+            let end = ContinuousClock.now + .seconds(20)
+            while pool.configurationError == nil, ContinuousClock.now < end {
+                outcomes.append(await pool.send(Fixture.notification(), timeout: .seconds(10)))
+            }
+            #expect(outcomes.contains { $0.status == 403 && $0.reason == .invalidProviderToken })
+            #expect(outcomes.allSatisfy { $0.status == 403 || $0.notAnswered != nil })
+            let error = try #require(pool.configurationError)
+            #expect(error.code == .providerTokenRejected)
+            #expect(error.description.contains("key id"))
+            #expect(simulator.counters.snapshot().connectionsOpened >= 2, "the connection was replaced with a fresh token")
+        }
+    }
+
+    @Test("403 ExpiredProviderToken: regenerated on a new connection; persisting, a configuration error")
+    func expiredProviderToken() async throws {
+        let clock = ManualClock(Int64(Date().timeIntervalSince1970) - 2 * 3600)
+        try await withPool(client: { $0.clock = clock.clock }) { pool, simulator, _ in
+            let first = await pool.send(Fixture.notification(), timeout: .seconds(10))
+            #expect(first.status == 403 && first.reason == .expiredProviderToken, "\(first)")
+            let end = ContinuousClock.now + .seconds(20)
+            while pool.configurationError == nil, ContinuousClock.now < end {
+                _ = await pool.send(Fixture.notification(), timeout: .seconds(10))
+            }
+            #expect(pool.configurationError?.code == .providerTokenRejected)
+            // Fix the clock: the next fresh token works and the error clears.
+            clock.advance(bySeconds: 2 * 3600)
+            var delivered = false
+            while !delivered, ContinuousClock.now < end + .seconds(20) {
+                delivered = await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200
+            }
+            #expect(delivered)
+            #expect(pool.configurationError == nil)
+            #expect(simulator.counters.snapshot().connectionsOpened >= 3)
+        }
+    }
+
+    @Test("Token refresh: kept before the refresh age, replaced at it, on the same connection")
+    func tokenRefresh() async throws {
+        let clock = ManualClock(Int64(Date().timeIntervalSince1970) - 55 * 60)
+        try await withPool(simulator: { $0.authentication.minimumTokenChangeInterval = 0 }, client: { $0.clock = clock.clock }) { pool, simulator, _ in
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            #expect(simulator.counters.snapshot().totals.tokenVerifications == 1)
+            clock.advance(bySeconds: 19 * 60)
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            #expect(simulator.counters.snapshot().totals.tokenVerifications == 1, "19 minutes: same token")
+            clock.advance(bySeconds: 31 * 60)
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            let counts = simulator.counters.snapshot()
+            #expect(counts.totals.tokenVerifications == 2, "50 minutes: a new token")
+            #expect(counts.connectionsOpened == 1)
+        }
+    }
+
+    @Test("Token auth: one stream until the first success, then the server's limit")
+    func oneStreamFirst() async throws {
+        try await withPool(simulator: { $0.behaviour.latency = .milliseconds(20) }) { pool, simulator, _ in
+            #expect(await pool.waitUntilReady())
+            #expect(pool.statistics.streamLimits == [1])
+            let outcomes = await withTaskGroup(of: APNsOutcome.self) { group in
+                for _ in 0..<20 { group.addTask { await pool.send(Fixture.notification(), timeout: .seconds(20)) } }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(outcomes.allSatisfy { $0.status == 200 })
+            #expect(simulator.counters.snapshot().totals.streamsReset == 0, "no stream beyond the single one was refused")
+            #expect(pool.statistics.streamLimits == [1000])
+        }
+    }
+
+    @Test("GOAWAY mid-flight: every request answered exactly once, none lost")
+    func goAwayMidFlight() async throws {
+        try await withPool(simulator: {
+            $0.behaviour.latency = .milliseconds(40)
+        }, client: { $0.connections = 2 }) { pool, simulator, _ in
+            #expect(await pool.waitUntilReady())
+            let total = 800
+            // Four waves; GOAWAY hits every open connection while the second wave is in flight.
+            let outcomes = await withTaskGroup(of: APNsOutcome?.self) { group in
+                for wave in 0..<4 {
+                    for _ in 0..<(total / 4) { group.addTask { await pool.send(Fixture.notification(), timeout: .seconds(60)) } }
+                    if wave == 1 {
+                        try? await Task.sleep(for: .milliseconds(15))
+                        simulator.goAway(reason: "Shutdown")
+                    }
+                    try? await Task.sleep(for: .milliseconds(30))
+                }
+                return await group.reduce(into: [APNsOutcome]()) { if let outcome = $1 { $0.append(outcome) } }
+            }
+            #expect(outcomes.count == total)
+            let delivered = outcomes.filter { $0.status == 200 }.count
+            let shutdown = outcomes.filter { $0.reason == .shutdown }.count
+            let unanswered = outcomes.compactMap(\.notAnswered)
+            #expect(delivered + shutdown + unanswered.count == total)
+            #expect(unanswered.isEmpty, "refused and above-last-stream requests were retried elsewhere: \(unanswered.prefix(3))")
+            let counts = simulator.counters.snapshot()
+            #expect(counts.totals.goAwaysSent >= 1)
+            #expect(counts.connectionsOpened >= 3, "connections that went away were replaced")
+            // Exactly what the server answered 200, the client reported 200: nothing twice, nothing lost.
+            #expect(counts.count(status: 200) == delivered)
+            #expect(counts.count(reason: "Shutdown") == shutdown)
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200, "the replacements work")
+        }
+    }
+
+    @Test("The server killed and restarted: the pool recovers")
+    func serverRestart() async throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        var simulator = try await startSimulator(credentials)
+        let port = try #require(simulator.port(.http2TLS))
+        let pool = try APNsClientPool(configuration: try credentials.configuration(port: port), logger: Fixture.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await pool.run() }
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            await simulator.stop(gracePeriod: .milliseconds(50))
+            let down = await pool.send(Fixture.notification(), timeout: .milliseconds(300))
+            #expect(down.notAnswered != nil, "\(down)")
+            simulator = try await startSimulator(credentials, port: port)
+            var recovered = false
+            let end = ContinuousClock.now + .seconds(30)
+            while !recovered, ContinuousClock.now < end {
+                recovered = await pool.send(Fixture.notification(), timeout: .seconds(2)).status == 200
+                if !recovered { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(recovered)
+            pool.shutdown()
+            try await group.waitForAll()
+        }
+        await simulator.stop(gracePeriod: .milliseconds(50))
+    }
+
+    @Test("The stream limit drops to 1 after a rejection and rises after a success")
+    func streamLimitChanges() async throws {
+        try await withPool(simulator: { $0.behaviour.dropToOneStreamAfterRejection = true }) { pool, _, _ in
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            #expect(await waitFor { pool.statistics.streamLimits == [1000] })
+            #expect(await pool.send(Fixture.notification(token: Fixture.unregistered), timeout: .seconds(20)).status == 410)
+            #expect(await waitFor { pool.statistics.streamLimits == [1] }, "\(pool.statistics)")
+            // Throttled: a burst still goes through, one stream at a time.
+            let outcomes = await withTaskGroup(of: APNsOutcome.self) { group in
+                for _ in 0..<10 { group.addTask { await pool.send(Fixture.notification(), timeout: .seconds(20)) } }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(outcomes.allSatisfy { $0.status == 200 })
+            #expect(await waitFor { pool.statistics.streamLimits == [1000] })
+        }
+    }
+
+    @Test("A request whose deadline passes is cancelled and reported as a timeout")
+    func deadline() async throws {
+        try await withPool(simulator: { $0.behaviour.latency = .seconds(3) }) { pool, simulator, _ in
+            let start = ContinuousClock.now
+            let outcome = await pool.send(Fixture.notification(), timeout: .milliseconds(300))
+            let elapsed = ContinuousClock.now - start
+            #expect(outcome.notAnswered?.kind == .timeout, "\(outcome)")
+            #expect(elapsed < .seconds(2))
+            #expect(outcome.attemptResult != .answered(status: 200, reason: nil))
+            #expect(await waitFor { simulator.counters.snapshot().totals.streamsReset >= 1 }, "RST_STREAM reached the server")
+        }
+    }
+
+    @Test("Overload: callers wait for streams instead of queueing without bound")
+    func backPressure() async throws {
+        try await withPool(simulator: {
+            $0.behaviour.latency = .milliseconds(30)
+            $0.behaviour.maxConcurrentStreams = 4
+        }) { pool, _, _ in
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            let peak = Peak()
+            let outcomes = await withTaskGroup(of: APNsOutcome?.self) { group in
+                for _ in 0..<80 { group.addTask { await pool.send(Fixture.notification(), timeout: .seconds(30)) } }
+                group.addTask {
+                    for _ in 0..<100 {
+                        let statistics = pool.statistics
+                        peak.observe(statistics)
+                        try? await Task.sleep(for: .milliseconds(5))
+                    }
+                    return nil
+                }
+                return await group.reduce(into: [APNsOutcome]()) { if let outcome = $1 { $0.append(outcome) } }
+            }
+            #expect(outcomes.count == 80)
+            #expect(outcomes.allSatisfy { (outcome: APNsOutcome) in outcome.status == 200 })
+            let observed = peak.value
+            #expect(observed.inFlight <= 4, "never more streams than the server allows")
+            #expect(observed.waiting > 0, "callers waited")
+            #expect(pool.statistics.waiting == 0 && pool.statistics.inFlight == 0)
+        }
+    }
+
+    @Test("A waiting caller gives up at its deadline")
+    func waitingDeadline() async throws {
+        try await withPool(simulator: {
+            $0.behaviour.latency = .seconds(2)
+            $0.authentication.singleStreamUntilAuthenticated = true
+        }) { pool, _, _ in
+            #expect(await pool.waitUntilReady())
+            async let first = pool.send(Fixture.notification(), timeout: .seconds(10))
+            try await Task.sleep(for: .milliseconds(100))
+            let second = await pool.send(Fixture.notification(), timeout: .milliseconds(200))
+            #expect(second.notAnswered?.kind == .timeout)
+            #expect(second.notAnswered?.certainlyNotProcessed == true, "it never left the client")
+            #expect(await first.status == 200)
+        }
+    }
+
+    @Test("Certificate auth with PEM and PKCS#12")
+    func certificateAuth() async throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        let simulator = try await startSimulator(credentials)
+        let port = try #require(simulator.port(.http2TLS))
+        let p12 = credentials.path("client.p12")
+        let openssl = try Process.run(URL(fileURLWithPath: "/usr/bin/openssl"), arguments: [
+            "pkcs12", "-export", "-in", credentials.path(credentials.summary.clientCertificateFile),
+            "-inkey", credentials.path(credentials.summary.clientKeyFile), "-out", p12, "-passout", "pass:secret",
+        ])
+        openssl.waitUntilExit()
+        var authentications = [("PEM", try APNsAuthentication.loadPEM(
+            certificateFile: credentials.path(credentials.summary.clientCertificateFile),
+            privateKeyFile: credentials.path(credentials.summary.clientKeyFile),
+            password: nil
+        ))]
+        if openssl.terminationStatus == 0 {
+            authentications.append(("PKCS#12", try APNsAuthentication.loadPKCS12(file: p12, password: "secret")))
+            #expect(throws: APNsClientError.self) { try APNsAuthentication.loadPKCS12(file: p12, password: "wrong") }
+        } else {
+            Issue.record("openssl could not make a PKCS#12 bundle")
+        }
+        for (name, authentication) in authentications {
+            let pool = try APNsClientPool(configuration: try credentials.configuration(port: port, authentication: authentication), logger: Fixture.logger)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await pool.run() }
+                #expect(await pool.waitUntilReady())
+                #expect(pool.statistics.streamLimits == [1000], "\(name): certificate auth has no one-stream phase")
+                var notification = Fixture.notification()
+                notification.topic = nil  // a certificate with one topic implies it
+                let outcome = await pool.send(notification, timeout: .seconds(20))
+                #expect(outcome.status == 200, "\(name): \(outcome)")
+                pool.shutdown()
+                try await group.waitForAll()
+            }
+        }
+        #expect(simulator.counters.snapshot().connections.allSatisfy { $0.authentication == "certificate" })
+        await simulator.stop(gracePeriod: .milliseconds(50))
+    }
+
+    @Test("The server certificate is verified: another CA fails to connect")
+    func verification() async throws {
+        let credentials = try ClientTestCredentials.make()
+        let stranger = try ClientTestCredentials.make()
+        defer { credentials.remove(); stranger.remove() }
+        let simulator = try await startSimulator(credentials)
+        let port = try #require(simulator.port(.http2TLS))
+        var configuration = try credentials.configuration(port: port)
+        configuration.endpoint = .custom(host: "127.0.0.1", port: port, caFile: stranger.path(stranger.summary.caFile))
+        let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await pool.run() }
+            let outcome = await pool.send(Fixture.notification(), timeout: .milliseconds(500))
+            #expect(outcome.notAnswered != nil, "\(outcome)")
+            #expect(simulator.counters.snapshot().totals.requests == 0)
+            pool.shutdown()
+            try await group.waitForAll()
+        }
+        await simulator.stop(gracePeriod: .milliseconds(50))
+    }
+
+    @Test("Shutdown: waiting callers are told, run() returns")
+    func shutdown() async throws {
+        try await withPool(simulator: { $0.behaviour.latency = .milliseconds(300) }) { pool, _, _ in
+            #expect(await pool.waitUntilReady())
+            let outcomes = await withTaskGroup(of: APNsOutcome.self) { group in
+                for _ in 0..<5 { group.addTask { await pool.send(Fixture.notification(), timeout: .seconds(20)) } }
+                try? await Task.sleep(for: .milliseconds(100))
+                pool.shutdown()
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(outcomes.count == 5)
+            #expect(outcomes.filter { $0.status == 200 }.count == 1, "the one in flight finished")
+            #expect(outcomes.filter { $0.notAnswered?.kind == .shutdown }.count == 4)
+            let late = await pool.send(Fixture.notification(), timeout: .seconds(1))
+            #expect(late.notAnswered?.kind == .shutdown)
+        }
+    }
+}
+
+/// Polls `condition` for up to `timeout`.
+func waitFor(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool) async -> Bool {
+    let end = ContinuousClock.now + timeout
+    while ContinuousClock.now < end {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(10))
+    }
+    return condition()
+}
+
+/// The highest in-flight and waiting counts seen.
+final class Peak: Sendable {
+    private let state = Mutex((inFlight: 0, waiting: 0))
+    func observe(_ statistics: APNsClientPool.Statistics) {
+        state.withLock { $0 = (max($0.inFlight, statistics.inFlight), max($0.waiting, statistics.waiting)) }
+    }
+    var value: (inFlight: Int, waiting: Int) { state.withLock { $0 } }
+}
+
+@Suite("Several apps in one process", .timeLimit(.minutes(1)))
+struct MultiAppTests {
+    @Test("Two apps' pools run side by side against two servers and shut down together")
+    func twoApps() async throws {
+        let first = try ClientTestCredentials.make()
+        let second = try ClientTestCredentials.make()
+        defer { first.remove(); second.remove() }
+        let firstSimulator = try await startSimulator(first)
+        let secondSimulator = try await startSimulator(second)
+        var a = try first.configuration(port: try #require(firstSimulator.port(.http2TLS)))
+        a.name = "first"
+        var b = try second.configuration(port: try #require(secondSimulator.port(.http2TLS)))
+        b.name = "second"
+        b.connections = 2
+        let clients = try APNsClients(configurations: [a, b], logger: Fixture.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await clients.run() }
+            let toFirst = await clients.send(Fixture.notification(), app: "first", environment: .production, deadline: .now() + .seconds(20))
+            let toSecond = await clients.send(Fixture.notification(), app: "second", environment: .sandbox, deadline: .now() + .seconds(20))
+            let unknown = await clients.send(Fixture.notification(), app: "third", environment: .production, deadline: .now() + .seconds(1))
+            #expect(toFirst.status == 200 && toSecond.status == 200)
+            #expect(unknown.notAnswered?.kind == .connectionFailed)
+            #expect(firstSimulator.counters.snapshot().count(status: 200) == 1)
+            #expect(secondSimulator.counters.snapshot().count(status: 200) == 1)
+            clients.shutdown()
+            try await group.waitForAll()
+        }
+        await firstSimulator.stop(gracePeriod: .milliseconds(50))
+        await secondSimulator.stop(gracePeriod: .milliseconds(50))
+    }
+}
+
+@Suite("Dead connections", .timeLimit(.minutes(1)))
+struct DeadConnectionTests {
+    @Test("A silent connection is found dead by PING, its request answered, and it is replaced")
+    func silentPath() async throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        let simulator = try await startSimulator(credentials) { $0.behaviour.latency = .milliseconds(50) }
+        let proxy = try await BlackholeProxy.start(upstreamPort: try #require(simulator.port(.http2TLS)))
+        var configuration = try credentials.configuration(port: proxy.port)
+        configuration.pingInterval = .milliseconds(200)
+        configuration.pingTimeout = .milliseconds(300)
+        configuration.connectTimeout = .seconds(1)
+        let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await pool.run() }
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            proxy.freeze()
+            let start = ContinuousClock.now
+            let stuck = await pool.send(Fixture.notification(), timeout: .seconds(20))
+            #expect(stuck.notAnswered?.kind == .connectionFailed, "\(stuck)")
+            #expect(ContinuousClock.now - start < .seconds(5), "found dead by PING, not by the 20 s deadline")
+            proxy.freeze(false)
+            var recovered = false
+            let end = ContinuousClock.now + .seconds(20)
+            while !recovered, ContinuousClock.now < end {
+                recovered = await pool.send(Fixture.notification(), timeout: .seconds(2)).status == 200
+                if !recovered { try await Task.sleep(for: .milliseconds(20)) }
+            }
+            #expect(recovered)
+            pool.shutdown()
+            try await group.waitForAll()
+        }
+        await proxy.stop()
+        await simulator.stop(gracePeriod: .milliseconds(50))
+    }
+}

@@ -1,0 +1,73 @@
+import APNsCore
+import APNsSimulator
+import Foundation
+import NIOCore
+import Testing
+
+@testable import APNsClient
+
+@Suite("Responses and configuration", .timeLimit(.minutes(1)))
+struct ResponseAndConfigurationTests {
+    @Test("Error bodies become a typed reason and the 410 timestamp; unknown reasons are kept")
+    func bodies() {
+        let gone = APNsConnection.parseBody(ByteBuffer(string: #"{"reason":"Unregistered","timestamp":1767225600123}"#))
+        #expect(gone.0 == .unregistered && gone.1 == 1_767_225_600_123)
+        let odd = APNsConnection.parseBody(ByteBuffer(string: #"{"reason":"SomethingNew"}"#))
+        #expect(odd.0?.rawValue == "SomethingNew" && odd.0?.isKnown == false && odd.1 == nil)
+        let junk = APNsConnection.parseBody(ByteBuffer(string: "<html>"))
+        #expect(junk.0 == nil && junk.1 == nil)
+    }
+
+    @Test("Outcomes feed the delivery policy")
+    func attemptResults() {
+        let policy = DeliveryPolicy()
+        let now = UnixMillis(1_767_225_600_000)
+        let delivered = APNsOutcome.answered(APNsResponse(status: 200))
+        #expect(policy.after(attempt: 1, result: delivered.attemptResult, now: now, deadline: nil, expiration: nil, jitter: 0) == .finish(.delivered, status: 200, reason: nil))
+        let gone = APNsOutcome.answered(APNsResponse(status: 410, reason: .unregistered, timestamp: 1))
+        #expect(policy.after(attempt: 1, result: gone.attemptResult, now: now, deadline: nil, expiration: nil, jitter: 0) == .finish(.rejected, status: 410, reason: "Unregistered"))
+        let refused = APNsOutcome.notAnswered(APNsNotAnswered(.refusedStream, "the server refused stream 7", certainlyNotProcessed: true))
+        #expect(refused.attemptResult == .notAnswered("refused stream: the server refused stream 7"))
+        if case .retryInProcess = policy.after(attempt: 1, result: refused.attemptResult, now: now, deadline: nil, expiration: nil, jitter: 0) {} else {
+            Issue.record("an unanswered attempt is retried")
+        }
+    }
+
+    @Test("Missing or wrong credentials are clear errors that name the file, not the key")
+    func credentials() throws {
+        let directory = NSTemporaryDirectory() + "apns-client-config-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let missing = directory + "/AuthKey_NOPE.p8"
+        #expect(throws: APNsClientError.self) { try APNsAuthentication.loadToken(keyFile: missing, keyID: "ABC123DEFG", teamID: "DEF123GHIJ") }
+        do {
+            _ = try APNsAuthentication.loadToken(keyFile: missing, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
+        } catch {
+            #expect(error.code == .credentials && error.description.contains(missing))
+        }
+        let secret = "-----BEGIN PRIVATE KEY-----\nTk9UQUtFWQ==\n-----END PRIVATE KEY-----\n"
+        let bad = directory + "/bad.p8"
+        #expect(FileManager.default.createFile(atPath: bad, contents: Data(secret.utf8)))
+        do {
+            _ = try APNsAuthentication.loadToken(keyFile: bad, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
+            Issue.record("a broken key was accepted")
+        } catch {
+            #expect(!error.description.contains("Tk9UQUtFWQ"), "key material never appears in errors")
+        }
+        #expect(throws: APNsClientError.self) { try APNsAuthentication.loadPEM(certificateFile: missing, privateKeyFile: missing, password: nil) }
+    }
+
+    @Test("Invalid settings are refused; an app's other environment maps to the other endpoint")
+    func settings() throws {
+        let signer = try ProviderTokenSigner(privateKeyPEM: try DevCredentials.generate().signingKeyPEM, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
+        var configuration = APNsClientConfiguration(endpoint: .production, authentication: .token(signer))
+        configuration.connections = 0
+        #expect(throws: APNsClientError.self) { try configuration.validate() }
+        configuration.connections = 1
+        try configuration.validate()
+        configuration.endpoint = .custom(host: "", port: 443, caFile: nil)
+        #expect(throws: APNsClientError.self) { try configuration.validate() }
+        #expect(APNsClients.environment(of: .sandbox) == .sandbox)
+        #expect(APNsClients.environment(of: .custom(host: "h", port: 1, caFile: nil)) == nil)
+    }
+}
