@@ -11,6 +11,8 @@
 //   APNsHTTP2         libnghttp2 session driven by SwiftNIO (client and server)
 //   APNsClient        APNs HTTP/2 client: long-lived connections, pools per app
 //   APNsSimulator     APNs simulator: HTTP/2 provider API, legacy gateway and feedback service
+//   FleetWorker       the worker services: push worker pipeline, admin endpoint
+//   FleetTestSupport  helpers for tests that start real processes
 //   apns-fleet        the one executable, a thin argument-parser front end
 
 import PackageDescription
@@ -42,6 +44,8 @@ let package = Package(
         // Named directly for SwiftASN1 types (a certificate's IP address SAN); already resolved via swift-certificates.
         .package(url: "https://github.com/apple/swift-asn1.git", from: "1.7.4"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.3.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         .package(
             url: "https://github.com/apple/swift-configuration.git",
             from: "1.4.0",
@@ -89,6 +93,8 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // MARK: - HTTP/2 transport
+
         // A safe Swift session over libnghttp2 (client and server), driven by a SwiftNIO handler.
         // The only module that touches libnghttp2's pointers.
         .target(
@@ -100,26 +106,7 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
-        // The APNs simulator (HTTP/2 provider API, legacy binary gateway and feedback service), usable
-        // in-process by tests and as `apns-fleet simulator`.
-        .target(
-            name: "APNsSimulator",
-            dependencies: [
-                "APNsCore",
-                "APNsHTTP2",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOTLS", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "X509", package: "swift-certificates"),
-                .product(name: "SwiftASN1", package: "swift-asn1"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            swiftSettings: strictSettings
-        ),
+        // MARK: - APNs client
 
         // The APNs HTTP/2 client: long-lived connections on libnghttp2, pooled per app.
         .target(
@@ -149,15 +136,60 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // MARK: - APNs simulator
+
+        // The APNs simulator (HTTP/2 provider API, legacy binary gateway and feedback service), usable
+        // in-process by tests and as `apns-fleet simulator`.
+        .target(
+            name: "APNsSimulator",
+            dependencies: [
+                "APNsCore",
+                "APNsHTTP2",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
+        // MARK: - Worker services
+
+        // The push worker's pipeline (and, later, the feedback worker): Kafka in, APNs out, results back.
+        .target(
+            name: "FleetWorker",
+            dependencies: [
+                "APNsCore",
+                "APNsClient",
+                "KafkaTransport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Executable
 
         .executableTarget(
             name: "APNsFleetCLI",
             dependencies: [
+                "FleetWorker",
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                "APNsSimulator",
+                "APNsClient",
                 "APNsCore",
                 "APNsFleetConfig",
-                "APNsClient",
-                "APNsSimulator",
                 "KafkaTransport",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
@@ -168,18 +200,31 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // MARK: - Test support
+
+        // Helpers for suites that start real processes and servers (bounded waits, child processes).
+        .target(
+            name: "FleetTestSupport",
+            dependencies: [],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Tests
 
         .testTarget(
-            name: "APNsCoreTests",
-            dependencies: ["APNsCore"],
+            name: "APNsSimulatorTests",
+            dependencies: [
+                "APNsSimulator",
+                "APNsHTTP2",
+                "APNsCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
             swiftSettings: strictSettings
         ),
-        .testTarget(
-            name: "APNsFleetConfigTests",
-            dependencies: ["APNsFleetConfig", "APNsCore"],
-            swiftSettings: strictSettings
-        ),
+
         .testTarget(
             name: "APNsClientTests",
             dependencies: [
@@ -195,22 +240,34 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
-            name: "APNsSimulatorTests",
+            name: "FleetWorkerTests",
             dependencies: [
+                "FleetWorker",
+                "FleetTestSupport",
+                "APNsClient",
                 "APNsSimulator",
-                "APNsHTTP2",
+                "KafkaTransport",
                 "APNsCore",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "APNsCoreTests",
+            dependencies: ["APNsCore"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "APNsFleetConfigTests",
+            dependencies: ["APNsFleetConfig", "APNsCore"],
             swiftSettings: strictSettings
         ),
         .testTarget(
             name: "KafkaTransportTests",
             dependencies: [
                 "KafkaTransport",
+                "FleetTestSupport",
                 "APNsCore",
                 .product(name: "Logging", package: "swift-log"),
             ],

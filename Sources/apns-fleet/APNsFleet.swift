@@ -17,9 +17,10 @@ struct APNsFleet: AsyncParsableCommand {
             """,
         version: APNsFleetVersion.current,
         subcommands: [
+            WorkerCommand.self,
             SimulatorCommand.self,
-            SendCommand.self,
             DevCredentialsCommand.self,
+            SendCommand.self,
             ValidateJobCommand.self,
             KafkaDevCommand.self,
             BenchCommand.self,

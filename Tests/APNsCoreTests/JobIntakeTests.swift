@@ -62,6 +62,11 @@ struct JobIntakeTests {
             return
         }
         #expect(badPayload.results.map(\.token) == [tokenA])
+        guard case .rejected(let withID) = accept(#"{"id":"order-1","token":"\#(tokenA)","payload":[]}"#) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(withID.results.first?.jobID == "order-1", "a readable id survives a failed validation")
         #expect(badPayload.results.first?.reason == "tokens[1]: device token is not hex: character 1 is 'z'")
     }
 

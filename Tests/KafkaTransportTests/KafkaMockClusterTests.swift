@@ -1,3 +1,4 @@
+import FleetTestSupport
 import APNsCore
 import Foundation
 import KafkaTransport

@@ -2,42 +2,8 @@ import APNsCore
 import Foundation
 import KafkaTransport
 import Logging
+import FleetTestSupport
 import Synchronization
-
-struct TestTimeout: Error, CustomStringConvertible {
-    var what: String
-    var seconds: Double
-    var description: String { "timed out after \(seconds) s waiting for \(what)" }
-}
-
-/// Runs `body`, failing with `TestTimeout` (and cancelling it) if it takes longer than `seconds`.
-func withTimeout<T: Sendable>(
-    _ seconds: Double,
-    _ what: String,
-    _ body: @escaping @Sendable () async throws -> T
-) async throws -> T {
-    try await withThrowingTaskGroup(of: T?.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try await Task.sleep(for: .seconds(seconds))
-            return nil
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next(), let value = first else {
-            throw TestTimeout(what: what, seconds: seconds)
-        }
-        return value
-    }
-}
-
-/// Re-checks `condition` every 20 ms until it holds, or throws after `seconds`.
-func waitUntil(_ what: String, timeout seconds: Double = 60, _ condition: @Sendable () -> Bool) async throws {
-    let deadline = ContinuousClock.now + .seconds(seconds)
-    while !condition() {
-        guard ContinuousClock.now < deadline else { throw TestTimeout(what: what, seconds: seconds) }
-        try await Task.sleep(for: .milliseconds(20))
-    }
-}
 
 let testLogger: Logger = {
     var logger = Logger(label: "kafka-test")
@@ -137,14 +103,3 @@ extension String {
 }
 
 /// A value shared between tasks.
-final class Shared<Value: Sendable>: Sendable {
-    private let state: Mutex<Value>
-
-    init(_ value: Value) { state = Mutex(value) }
-
-    var value: Value { state.withLock { $0 } }
-
-    func update(_ body: (inout Value) -> Void) {
-        state.withLock { body(&$0) }
-    }
-}

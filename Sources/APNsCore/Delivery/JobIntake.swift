@@ -66,8 +66,16 @@ public struct JobIntake: Sendable {
                 return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job)
             }
         } catch {
-            return reject(error, value: value, headers: headers, source: source, now: now, jobID: inheritedID)
+            let jobID = inheritedID ?? Self.bestEffortJobID(value: value)
+            return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID)
         }
+    }
+
+    /// The `id` of an envelope that failed validation, when it is readable, so that its
+    /// `invalid` results still carry the producer's own job id.
+    static func bestEffortJobID(value: [UInt8]) -> String? {
+        guard let parsed = try? JSONParser.parse(value), let id = parsed["id"]?.string else { return nil }
+        return try? JobRules.identifier(id, field: "id")
     }
 
     /// The header naming which tokens of a fan-out job a retry record is for.

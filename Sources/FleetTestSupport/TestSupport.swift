@@ -1,0 +1,153 @@
+import Foundation
+import Synchronization
+
+// Helpers shared by the test suites that start real processes and servers: bounded waits,
+// a locked box, and child processes whose output is read line by line.
+
+public struct TestTimeout: Error, CustomStringConvertible {
+    public var what: String
+    public var seconds: Double
+    public init(what: String, seconds: Double) {
+        self.what = what
+        self.seconds = seconds
+    }
+
+    public var description: String { "timed out after \(seconds) s waiting for \(what)" }
+}
+
+/// Runs `body`, failing with `TestTimeout` (and cancelling it) if it takes longer than `seconds`.
+public func withTimeout<T: Sendable>(
+    _ seconds: Double,
+    _ what: String,
+    _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
+    try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .seconds(seconds))
+            return nil
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next(), let value = first else {
+            throw TestTimeout(what: what, seconds: seconds)
+        }
+        return value
+    }
+}
+
+/// Re-checks `condition` every 20 ms until it holds, or throws after `seconds`.
+public func waitUntil(_ what: String, timeout seconds: Double = 60, _ condition: @Sendable () -> Bool) async throws {
+    let deadline = ContinuousClock.now + .seconds(seconds)
+    while !condition() {
+        guard ContinuousClock.now < deadline else { throw TestTimeout(what: what, seconds: seconds) }
+        try await Task.sleep(for: .milliseconds(20))
+    }
+}
+
+public final class Shared<Value: Sendable>: Sendable {
+    private let state: Mutex<Value>
+
+    public init(_ value: Value) { state = Mutex(value) }
+
+    public var value: Value { state.withLock { $0 } }
+
+    public func update(_ body: (inout Value) -> Void) {
+        state.withLock { body(&$0) }
+    }
+}
+
+/// A child process whose stdout is collected line by line on a reader thread.
+///
+/// `@unchecked Sendable`: `Process` and `FileHandle` are used only through calls that are safe
+/// from any thread (run, terminate, write, close); the output lines live in a `Shared`.
+public final class ChildProcess: @unchecked Sendable {
+    public let process = Process()
+    private let input = Pipe()
+    private let output = Pipe()
+    public let lines = Shared<[String]>([])
+    private let status = Shared<Int32?>(nil)
+
+    public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) {
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        process.standardInput = input
+        process.standardOutput = output
+        if let environment { process.environment = environment }
+    }
+
+    public func start() throws {
+        process.terminationHandler = { [status] process in
+            status.update { $0 = process.terminationStatus }
+        }
+        try process.run()
+        let reader = output.fileHandleForReading
+        let lines = self.lines
+        let thread = Thread {
+            var pending = Data()
+            while true {
+                let chunk = reader.availableData
+                if chunk.isEmpty { break }
+                pending.append(chunk)
+                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
+                    pending.removeSubrange(pending.startIndex...newline)
+                    lines.update { $0.append(line) }
+                }
+            }
+            if !pending.isEmpty {
+                let rest = String(decoding: pending, as: UTF8.self)
+                lines.update { $0.append(rest) }
+            }
+        }
+        thread.start()
+    }
+
+    public func write(_ text: String) {
+        input.fileHandleForWriting.write(Data(text.utf8))
+    }
+
+    public func closeInput() {
+        try? input.fileHandleForWriting.close()
+    }
+
+    /// Waits for the n-th line of output (1-based) and returns it.
+    public func line(_ number: Int, timeout: Double = 60) async throws -> String {
+        try await waitUntil("output line \(number) of \(process.executableURL?.lastPathComponent ?? "child")", timeout: timeout) {
+            lines.value.count >= number
+        }
+        return lines.value[number - 1]
+    }
+
+    public func waitForExit(timeout: Double = 60) async throws -> Int32 {
+        try await waitUntil("\(process.executableURL?.lastPathComponent ?? "child") to exit", timeout: timeout) {
+            status.value != nil
+        }
+        return status.value ?? -1
+    }
+
+    /// Best-effort cleanup for `defer`.
+    public func kill() {
+        if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) }
+    }
+}
+
+/// The `apns-fleet` executable built next to the test bundle.
+public func apnsFleetBinary() throws -> String {
+    let candidates = [
+        URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent(),
+        Bundle.main.bundleURL.deletingLastPathComponent(),
+        URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent(),
+    ]
+    for directory in candidates {
+        let path = directory.appendingPathComponent("apns-fleet").path
+        if FileManager.default.isExecutableFile(atPath: path) { return path }
+    }
+    throw TestSetupError("apns-fleet is not built next to the tests (looked in \(candidates.map(\.path))); run `swift build` first")
+}
+
+
+/// A test environment that is not as the test needs it.
+public struct TestSetupError: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}

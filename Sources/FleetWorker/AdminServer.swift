@@ -1,0 +1,118 @@
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOPosix
+import ServiceLifecycle
+import Synchronization
+
+/// The worker's admin endpoint: `GET /metrics` (Prometheus text), `/healthz` (the process is
+/// alive) and `/readyz` (partitions assigned and every app has a usable APNs connection).
+/// It binds to `admin.host`, 127.0.0.1 by default, so metrics stay on the host unless asked.
+public final class AdminServer: Service, Sendable {
+    public struct Readiness: Sendable {
+        public var ready: Bool
+        /// Why not, for the response body.
+        public var detail: String
+
+        public init(ready: Bool, detail: String) {
+            self.ready = ready
+            self.detail = detail
+        }
+    }
+
+    private let host: String
+    private let port: Int
+    private let metrics: @Sendable () -> [UInt8]
+    private let readiness: @Sendable () -> Readiness
+    private let logger: Logger
+    private let boundPort = Mutex<Int?>(nil)
+
+    public init(
+        host: String,
+        port: Int,
+        logger: Logger,
+        metrics: @escaping @Sendable () -> [UInt8],
+        readiness: @escaping @Sendable () -> Readiness
+    ) {
+        self.host = host
+        self.port = port
+        self.logger = logger
+        self.metrics = metrics
+        self.readiness = readiness
+    }
+
+    /// The port actually bound (useful with port 0), once running.
+    public var localPort: Int? { boundPort.withLock { $0 } }
+
+    public func run() async throws {
+        let metrics = self.metrics
+        let readiness = self.readiness
+        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.configureHTTPServerPipeline()
+                    try channel.pipeline.syncOperations.addHandler(AdminHandler(metrics: metrics, readiness: readiness))
+                }
+            }
+            .bind(host: host, port: port)
+            .get()
+        boundPort.withLock { $0 = channel.localAddress?.port }
+        logger.info("admin endpoint listening", metadata: ["admin.address": "http://\(host):\(channel.localAddress?.port ?? port)"])
+        try? await gracefulShutdown()
+        try await channel.close()
+    }
+}
+
+final class AdminHandler: ChannelInboundHandler {
+    typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundOut = HTTPServerResponsePart
+
+    private let metrics: @Sendable () -> [UInt8]
+    private let readiness: @Sendable () -> AdminServer.Readiness
+    private var head: HTTPRequestHead?
+
+    init(metrics: @escaping @Sendable () -> [UInt8], readiness: @escaping @Sendable () -> AdminServer.Readiness) {
+        self.metrics = metrics
+        self.readiness = readiness
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch unwrapInboundIn(data) {
+        case .head(let head): self.head = head
+        case .body: break
+        case .end:
+            guard let head else { return }
+            self.head = nil
+            let (status, contentType, body) = route(head)
+            var headers = HTTPHeaders()
+            headers.add(name: "content-type", value: contentType)
+            headers.add(name: "content-length", value: String(body.count))
+            context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
+            context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
+            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+        }
+    }
+
+    private func route(_ head: HTTPRequestHead) -> (HTTPResponseStatus, String, [UInt8]) {
+        guard head.method == .GET || head.method == .HEAD else {
+            return (.methodNotAllowed, "text/plain", Array("only GET\n".utf8))
+        }
+        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
+        switch path {
+        case "/metrics":
+            return (.ok, "text/plain; version=0.0.4", metrics())
+        case "/healthz":
+            return (.ok, "text/plain", Array("ok\n".utf8))
+        case "/readyz":
+            let state = readiness()
+            return (state.ready ? .ok : .serviceUnavailable, "text/plain", Array("\(state.ready ? "ready" : "not ready"): \(state.detail)\n".utf8))
+        default:
+            return (.notFound, "text/plain", Array("not found; try /metrics, /healthz or /readyz\n".utf8))
+        }
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        context.close(promise: nil)
+    }
+}

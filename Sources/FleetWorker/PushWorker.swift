@@ -1,0 +1,270 @@
+import APNsCore
+import Foundation
+import KafkaTransport
+import Logging
+import Metrics
+import ServiceLifecycle
+
+/// The push worker's pipeline: jobs from Kafka → APNs → one result per notification.
+///
+/// Each consumed record is processed in its own child task, bounded by the in-flight limiter.
+/// A record is marked finished — which lets the consumer store its offset once every earlier
+/// record of its partition is finished too — only after all of its results (and its DLQ or
+/// retry record) have been acknowledged by the Kafka producer. That is the at-least-once rule.
+public final class PushWorker: Service, Sendable {
+    public struct Configuration: Sendable {
+        public var fleet: FleetConfiguration
+        public var workerID: String
+        /// Notifications in flight; the limiter's capacity.
+        public var maxInFlight: Int
+
+        public init(fleet: FleetConfiguration, workerID: String, maxInFlight: Int) {
+            self.fleet = fleet
+            self.workerID = workerID
+            self.maxInFlight = maxInFlight
+        }
+    }
+
+    private let configuration: Configuration
+    private let consumer: KafkaConsumer
+    private let producer: KafkaProducer
+    private let sender: any NotificationSender
+    private let intake: JobIntake
+    private let policy: DeliveryPolicy
+    private let limiter: InFlightLimiter
+    private let logger: Logger
+    private let now: @Sendable () -> UnixMillis
+
+    public init(
+        configuration: Configuration,
+        consumer: KafkaConsumer,
+        producer: KafkaProducer,
+        sender: any NotificationSender,
+        logger: Logger,
+        now: @escaping @Sendable () -> UnixMillis = { UnixMillis(Int64(Date().timeIntervalSince1970 * 1000)) }
+    ) {
+        self.configuration = configuration
+        self.consumer = consumer
+        self.producer = producer
+        self.sender = sender
+        self.intake = JobIntake(configuration: configuration.fleet, workerID: configuration.workerID)
+        self.policy = DeliveryPolicy(retry: configuration.fleet.retry)
+        self.limiter = InFlightLimiter(capacity: configuration.maxInFlight)
+        self.logger = logger
+        self.now = now
+    }
+
+    /// Notifications currently in flight.
+    public var inFlight: Int { limiter.inUse }
+
+    public func run() async throws {
+        try await withThrowingDiscardingTaskGroup { group in
+            for try await batch in consumer.batches {
+                for record in batch {
+                    let weight = Self.weight(of: record)
+                    await limiter.acquire(weight)
+                    group.addTask {
+                        await self.process(record)
+                        self.limiter.release(weight)
+                    }
+                }
+            }
+            // The batch sequence ends when the consumer stops; the group then waits for the
+            // work in flight, which the consumer's drain timeout bounds.
+        }
+        // Stay up until asked to stop, so the service group shuts down in its order (consumer,
+        // then this, then the APNs pools and the producer) instead of taking an early return for
+        // a failure.
+        try? await gracefulShutdown()
+    }
+
+    /// How many notifications a record will become, for the in-flight bound. Estimated cheaply
+    /// from the raw bytes: a fan-out job counts by its tokens.
+    static func weight(of record: KafkaRecord) -> Int {
+        if record.headers.contains(where: { $0.key == JobDecoder.tokenHeader }) { return 1 }
+        var quotes = 0
+        var inTokens = false
+        let marker = Array(#""tokens""#.utf8)
+        var index = 0
+        let bytes = record.value
+        // Count strings inside the tokens array; stop at its closing bracket.
+        while index < bytes.count {
+            if !inTokens {
+                if bytes[index] == marker[0], index + marker.count <= bytes.count, bytes[index..<(index + marker.count)].elementsEqual(marker) {
+                    inTokens = true
+                    index += marker.count
+                    continue
+                }
+            } else {
+                if bytes[index] == UInt8(ascii: "]") { break }
+                if bytes[index] == UInt8(ascii: "\"") { quotes += 1 }
+            }
+            index += 1
+        }
+        return max(1, quotes / 2)
+    }
+
+    // MARK: - One record
+
+    func process(_ record: KafkaRecord) async {
+        let source = SourcePosition(topic: record.topic, partition: record.partition, offset: record.offset)
+        switch intake.accept(value: record.value, headers: record.headers, source: source, now: now()) {
+        case .rejected(let rejected):
+            logger.info("job is invalid", metadata: [
+                "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
+                "job.reason": "\(rejected.rejection.reason)",
+            ])
+            Counter(label: "apns.worker.dlq", dimensions: [("topic", record.topic)]).increment()
+            var messages = rejected.results.map { resultMessage($0) }
+            messages.append(KafkaOutgoingMessage(
+                topic: configuration.fleet.topics.deadLetter, key: record.key,
+                value: rejected.deadLetterValue, headers: rejected.deadLetterHeaders
+            ))
+            count(results: rejected.results)
+            guard await publish(messages) else { return }
+        case .accepted(let job):
+            await deliver(job, record: record)
+        }
+        consumer.markFinished(record)
+    }
+
+    private func deliver(_ job: AcceptedJob, record: KafkaRecord) async {
+        if let notBefore = job.notBefore {
+            let wait = notBefore.value - now().value
+            if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
+        }
+        let outcomes = await withTaskGroup(of: TokenOutcome.self, returning: [TokenOutcome].self) { group in
+            for token in job.tokens {
+                group.addTask { await self.deliver(token: token, of: job) }
+            }
+            var outcomes: [TokenOutcome] = []
+            outcomes.reserveCapacity(job.tokens.count)
+            for await outcome in group { outcomes.append(outcome) }
+            return outcomes
+        }
+
+        var messages: [KafkaOutgoingMessage] = []
+        var results: [NotificationResult] = []
+        var retryTokens: [DeviceToken] = []
+        var retryHeaders: RetryHeaders?
+        for outcome in outcomes {
+            switch outcome {
+            case .finished(let result):
+                results.append(result)
+                messages.append(resultMessage(result))
+            case .later(let token, let headers):
+                retryTokens.append(token)
+                // One retry record for the job: the latest not-before of its tokens.
+                if retryHeaders == nil || headers.notBefore > (retryHeaders?.notBefore ?? headers.notBefore) {
+                    retryHeaders = headers
+                }
+            }
+        }
+        if let retryHeaders {
+            var headers = retryHeaders.applied(to: record.headers.filter {
+                $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
+            })
+            headers.append(RecordHeader(RetryHeaders.jobIDKey, job.jobID))
+            headers.append(RecordHeader(JobIntake.retryTokensKey, retryTokens.map(\.hex).joined(separator: ",")))
+            messages.append(KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: headers))
+            Counter(label: "apns.worker.retries.scheduled", dimensions: [("app", job.appName)]).increment(by: retryTokens.count)
+        }
+        count(results: results)
+        guard await publish(messages) else { return }
+    }
+
+    private enum TokenOutcome: Sendable {
+        case finished(NotificationResult)
+        case later(DeviceToken, RetryHeaders)
+    }
+
+    /// Sends one notification, retrying in process as the policy says.
+    private func deliver(token: DeviceToken, of job: AcceptedJob) async -> TokenOutcome {
+        let apnsID = job.job.job.apnsID ?? UUID().uuidString.lowercased()
+        let notification = OutgoingNotification(app: job.appName, token: token, job: job.job, apnsID: apnsID)
+        var attempt = job.previousAttempts
+        var totalLatency = 0.0
+        var last: SendResult?
+        while true {
+            if case .finish(let outcome, let status, let reason)? = policy.beforeSending(now: now(), deadline: job.job.job.deadline, expiration: job.job.job.expiration) {
+                return .finished(result(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt, latency: totalLatency, send: last))
+            }
+            attempt += 1
+            let sent = await sender.send(notification)
+            last = sent
+            totalLatency += sent.latencyMs
+            let decision = policy.after(
+                attempt: attempt, result: sent.attempt, now: now(),
+                deadline: job.job.job.deadline, expiration: job.job.job.expiration, jitter: Double.random(in: 0...1)
+            )
+            switch decision {
+            case .finish(let outcome, let status, let reason):
+                return .finished(result(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt, latency: totalLatency, send: sent))
+            case .retryInProcess(let delay, _):
+                // Only this device waits; the job's other tokens carry on.
+                try? await Task.sleep(for: .milliseconds(delay))
+            case .retryLater(let notBefore, let lastReason):
+                return .later(token, RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason))
+            }
+        }
+    }
+
+    private func result(
+        _ job: AcceptedJob, token: DeviceToken, outcome: Outcome, status: Int?, reason: String?,
+        attempts: Int, latency: Double, send: SendResult?
+    ) -> NotificationResult {
+        NotificationResult(
+            jobID: job.jobID, token: token.hex, topic: job.job.topic, app: job.appName,
+            outcome: outcome, status: status, reason: reason,
+            apnsID: send?.apnsID, apnsUniqueID: send?.apnsUniqueID,
+            unregisteredAt: outcome == .rejected ? send?.unregisteredAt : nil,
+            attempts: attempts, latencyMs: latency, sentAt: now(), worker: configuration.workerID,
+            meta: job.job.job.meta, source: job.source
+        )
+    }
+
+    private func resultMessage(_ result: NotificationResult) -> KafkaOutgoingMessage {
+        KafkaOutgoingMessage(topic: configuration.fleet.topics.results, key: Array(result.token.utf8), value: result.encoded())
+    }
+
+    private func count(results: [NotificationResult]) {
+        for result in results {
+            Counter(label: "apns.worker.notifications", dimensions: [
+                ("outcome", result.outcome.rawValue), ("status", result.status.map(String.init) ?? "none"),
+                ("reason", result.reason.map { $0.count > 40 ? "other" : $0 } ?? "none"), ("app", result.app ?? "none"),
+            ]).increment()
+        }
+    }
+
+    /// Publishes messages and waits for every acknowledgement, retrying failed ones until they
+    /// land. Returns false only when the task is cancelled first: the record then stays
+    /// unfinished and is redone after the partition moves (duplicates allowed, losses not).
+    private func publish(_ messages: [KafkaOutgoingMessage]) async -> Bool {
+        var pending = messages
+        var delay = 100
+        while !pending.isEmpty {
+            let failed = await withTaskGroup(of: KafkaOutgoingMessage?.self, returning: [KafkaOutgoingMessage].self) { group in
+                for message in pending {
+                    group.addTask {
+                        do {
+                            try await self.producer.send(message)
+                            return nil
+                        } catch {
+                            self.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"])
+                            return message
+                        }
+                    }
+                }
+                var failed: [KafkaOutgoingMessage] = []
+                for await message in group { if let message { failed.append(message) } }
+                return failed
+            }
+            pending = failed
+            guard !pending.isEmpty else { break }
+            if Task.isCancelled { return false }
+            try? await Task.sleep(for: .milliseconds(delay))
+            delay = min(delay * 2, 5000)
+        }
+        return true
+    }
+}

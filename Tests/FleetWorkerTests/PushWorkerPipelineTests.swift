@@ -1,0 +1,167 @@
+import APNsClient
+import APNsCore
+import APNsSimulator
+import FleetWorker
+import Foundation
+import KafkaTransport
+import Logging
+import Synchronization
+import Testing
+
+/// The push worker's pipeline with every part real and in process: librdkafka's mock cluster,
+/// the simulator over TLS with token auth, the HTTP/2 client pool, and the worker.
+@Suite("Push worker pipeline", .timeLimit(.minutes(3)))
+struct PushWorkerPipelineTests {
+    static let good = (0..<6).map { String(repeating: "0", count: 62) + String(format: "%02x", $0 + 1) }
+    static let dead = String(repeating: "de", count: 32)
+
+    @Test("every token of every job gets exactly its result; unusable jobs go to the DLQ")
+    func mixedJobs() async throws {
+        var logger = Logger(label: "pipeline-test")
+        logger.logLevel = .warning
+
+        // APNs: the simulator over TLS, with one unregistered token.
+        let directory = NSTemporaryDirectory() + "apns-fleet-worker-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let credentials = try DevCredentials.generate(topic: "com.example.app")
+        let summary = try credentials.write(to: directory)
+        var simulatorConfiguration = try credentials.simulatorConfiguration()
+        simulatorConfiguration.listeners.http2TLSPort = 0
+        simulatorConfiguration.behaviour.unregisteredTokens = [Self.dead: 1_767_225_600_123]
+        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
+        let port = try #require(simulator.port(.http2TLS))
+
+        // Kafka: the mock cluster with the project's topics.
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        let topics = TopicNames()
+        try cluster.createTopic(topics.jobs, partitions: 4)
+        for topic in [topics.retry, topics.deadLetter, topics.results, topics.tokenEvents] {
+            try cluster.createTopic(topic, partitions: 2)
+        }
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+
+        // The fleet: one app on the simulator.
+        let app = AppConfiguration(
+            name: "example",
+            authentication: .token(keyFile: (directory as NSString).appendingPathComponent(summary.signingKeyFile), keyID: summary.keyID, teamID: summary.teamID),
+            defaults: JobDefaults(topic: "com.example.app"),
+            endpoint: .custom(host: "127.0.0.1", port: port, caFile: (directory as NSString).appendingPathComponent(summary.caFile)),
+            connections: 1
+        )
+        let fleet = FleetConfiguration(apps: [app])
+        let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
+        var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
+        consumerConfiguration.sessionTimeout = .seconds(6)
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger)
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        let worker = PushWorker(
+            configuration: .init(fleet: fleet, workerID: "w-test", maxInFlight: 200),
+            consumer: consumer, producer: producer,
+            sender: APNsClientSender(clients: clients, requestTimeout: .seconds(10)), logger: logger
+        )
+
+        // The jobs, and the result each (job, token) must get.
+        var jobs: [KafkaOutgoingMessage] = []
+        var expected: [String: String] = [:]  // "job/token" → outcome[/status/reason]
+        func envelope(_ id: String, _ body: String) {
+            jobs.append(KafkaOutgoingMessage(topic: topics.jobs, key: Array(id.utf8), value: Array(body.utf8)))
+        }
+        for index in 0..<20 {
+            let token = Self.good[index % Self.good.count]
+            envelope("ok-\(index)", #"{"id":"ok-\#(index)","token":"\#(token)","payload":{"aps":{"alert":"hi"}},"meta":{"n":\#(index)}}"#)
+            expected["ok-\(index)/\(token)"] = "delivered/200"
+        }
+        envelope("gone", #"{"id":"gone","token":"\#(Self.dead)","payload":{"aps":{}}}"#)
+        expected["gone/\(Self.dead)"] = "rejected/410/Unregistered"
+        envelope("fan", #"{"id":"fan","tokens":["\#(Self.good[0])","\#(Self.dead)","\#(Self.good[1])"],"payload":{"aps":{}}}"#)
+        expected["fan/\(Self.good[0])"] = "delivered/200"
+        expected["fan/\(Self.dead)"] = "rejected/410/Unregistered"
+        expected["fan/\(Self.good[1])"] = "delivered/200"
+        envelope("badjson", #"{"id":"badjson","token":"#)
+        expected["apns.jobs-?/"] = "invalid"  // checked separately: its id is derived from its offset
+        envelope("ghost", #"{"id":"ghost","tokens":["\#(Self.good[2])","\#(Self.good[3])"],"payload":{},"app":"ghost"}"#)
+        expected["ghost/\(Self.good[2])"] = "invalid"
+        expected["ghost/\(Self.good[3])"] = "invalid"
+        let big = String(repeating: "x", count: 4200)
+        envelope("big", #"{"id":"big","token":"\#(Self.good[4])","push_type":"alert","payload":{"b":"\#(big)"}}"#)
+        expected["big/\(Self.good[4])"] = "invalid"
+        jobs.append(KafkaOutgoingMessage(
+            topic: topics.jobs, key: nil, value: Array(#"{"aps":{"alert":"raw"}}"#.utf8),
+            headers: [RecordHeader("apns-token", Self.good[5]), RecordHeader("job-id", "hdr")]
+        ))
+        expected["hdr/\(Self.good[5])"] = "delivered/200"
+        expected.removeValue(forKey: "apns.jobs-?/")
+        let expectedResults = expected.count + 1  // plus the bad-JSON job's single result
+
+        let collected = Collected<NotificationResult>()
+        let deadLetters = Collected<KafkaRecord>()
+        var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: [topics.results, topics.deadLetter])
+        readerConfiguration.sessionTimeout = .seconds(6)
+        let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await clients.run() }
+            group.addTask { try await producer.run() }
+            group.addTask { try await consumer.run() }
+            group.addTask { try await worker.run() }
+            group.addTask { try await reader.run() }
+            group.addTask {
+                for try await batch in reader.batches {
+                    for record in batch {
+                        if record.topic == topics.results {
+                            let result = try NotificationResult(decoding: record.value)
+                            collected.append(result)
+                        } else {
+                            deadLetters.append(record)
+                        }
+                    }
+                    reader.markFinished(batch)
+                }
+            }
+            for job in jobs { try await producer.send(job) }
+
+            let deadline = ContinuousClock.now + .seconds(120)
+            while collected.count < expectedResults || deadLetters.count < 3, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            // Let any duplicate or stray result arrive before judging.
+            try await Task.sleep(for: .milliseconds(500))
+            consumer.close()
+            reader.close()
+            clients.shutdown()
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+        await simulator.stop()
+
+        let results = collected.items
+        #expect(results.count == expectedResults, "one result per notification, no more")
+        for result in results where result.jobID != "badjson" && !result.jobID.hasPrefix("apns.jobs-") {
+            let key = "\(result.jobID)/\(result.token)"
+            var actual = result.outcome.rawValue
+            if let status = result.status { actual += "/\(status)" }
+            if result.outcome == .rejected, let reason = result.reason { actual += "/\(reason)" }
+            #expect(expected[key] == actual, "\(key)")
+        }
+        let broken = results.filter { $0.jobID.hasPrefix("apns.jobs-") }
+        #expect(broken.count == 1)
+        #expect(broken.first?.outcome == .invalid && broken.first?.token == "")
+        #expect(results.first { $0.jobID == "gone" }?.unregisteredAt == 1_767_225_600_123)
+        #expect(results.first { $0.jobID == "ok-7" }?.meta?.description == #"{"n":7}"#)
+        #expect(results.first { $0.jobID == "big" }?.reason == "payload: payload is 4208 bytes; at most 4096 are allowed for push type alert")
+
+        let dlq = deadLetters.items
+        #expect(dlq.count == 3, "bad JSON, unknown app, oversize payload")
+        #expect(Set(dlq.compactMap { $0.headers.text("dlq-reason") }).count == 3)
+        #expect(simulator.counters.snapshot().totals.answered == 20 + 1 + 3 + 1)
+    }
+}
+
+/// What a reader task collected, shared with the test body.
+final class Collected<Element: Sendable>: Sendable {
+    private let storage = Mutex<[Element]>([])
+    func append(_ element: Element) { storage.withLock { $0.append(element) } }
+    var count: Int { storage.withLock { $0.count } }
+    var items: [Element] { storage.withLock { $0 } }
+}
