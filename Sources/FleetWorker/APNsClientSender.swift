@@ -14,14 +14,9 @@ public struct APNsClientSender: NotificationSender {
     }
 
     public func send(_ notification: OutgoingNotification) async -> SendResult {
-        let request = APNsNotification(
-            deviceToken: notification.token.hex, topic: notification.topic, pushType: notification.pushType,
-            priority: notification.priority, expiration: notification.expiration, collapseID: notification.collapseID,
-            apnsID: notification.apnsID, payload: notification.payload
-        )
         let started = ContinuousClock.now
         let deadline = NIODeadline.now() + .nanoseconds(Int64(requestTimeout.components.seconds) * 1_000_000_000 + requestTimeout.components.attoseconds / 1_000_000_000)
-        let outcome = await clients.send(request, app: notification.app, environment: notification.environment, deadline: deadline)
+        let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: deadline)
         let elapsed = ContinuousClock.now - started
         let latencyMs = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
         let response = outcome.response

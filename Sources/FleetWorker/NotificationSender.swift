@@ -1,31 +1,23 @@
+import APNsClient
 import APNsCore
 
-/// One notification as the worker hands it to a transport.
+/// One notification as the worker hands it to a transport: the client's request plus what
+/// picks the pool (app and environment).
 public struct OutgoingNotification: Sendable {
     public var app: String
-    public var token: DeviceToken
-    public var topic: String
-    public var pushType: PushType
-    public var priority: NotificationPriority
-    public var expiration: Int64?
-    public var collapseID: String?
-    /// Stable across the in-process attempts of this notification.
-    public var apnsID: String
-    /// The producer's exact bytes.
-    public var payload: RawJSON
     public var environment: APNsEnvironment
+    public var token: DeviceToken
+    /// The request as the HTTP/2 client sends it; the payload is the producer's exact bytes.
+    public var request: APNsNotification
 
+    /// The notification of `job` for `token`; `apnsID` stays the same across in-process attempts.
     public init(app: String, token: DeviceToken, job: ResolvedJob, apnsID: String) {
         self.app = app
-        self.token = token
-        self.topic = job.topic
-        self.pushType = job.pushType
-        self.priority = job.priority
-        self.expiration = job.job.expiration
-        self.collapseID = job.job.collapseID
-        self.apnsID = apnsID
-        self.payload = job.job.payload
         self.environment = job.environment
+        self.token = token
+        var request = APNsNotification(job: job, token: token)
+        request.apnsID = apnsID
+        self.request = request
     }
 }
 
