@@ -19,8 +19,10 @@ struct SimulatorCommand: AsyncParsableCommand {
             latency and idle timeout. The legacy binary gateway (commands 0, 1, 2; error-response \
             8) and feedback service listen on TLS and plain ports; unregistered tokens are \
             accepted there and reported by the feedback service. Flags override the --config \
-            file (JSON, see docs/simulator.md). Counters: GET http://HOST:ADMIN/counters while it runs; they \
-            are printed at exit (SIGINT or SIGTERM).
+            file (JSON, see docs/simulator.md). Turn a listener off with -1, written with an \
+            equals sign so it is not read as a flag: --h2c-port=-1. Counters: \
+            GET http://HOST:ADMIN/counters while it runs; they are printed at exit (SIGINT or \
+            SIGTERM).
 
             Example:
               apns-fleet dev-credentials --out ./dev
