@@ -217,12 +217,24 @@ final class ConsumerCore: @unchecked Sendable {
     /// Bumped whenever records are taken or released; the stall check compares it over time
     /// (cheaper than reading the clock per record).
     private var progress: UInt64 = 0
+    /// Completions taken from `completions`, being applied to the tracker (kept for its capacity).
+    private var applying: [KafkaRecordReceipt] = []
+
+    // MARK: shared, under its own lock
+    /// Completions not yet applied to the tracker. ``markFinished(_:)`` only appends here, under a
+    /// lock held for an append, so a completion never waits behind a batch being dispatched under
+    /// `lock`. They are applied, in order, before anything reads the tracker
+    /// (``applyCompletionsLocked()``); the polling thread does it on every turn.
+    private let completions = Mutex<[KafkaRecordReceipt]>([])
+    /// Revocations draining: completions then also wake them.
+    private let draining = Atomic<Int>(0)
 
     // MARK: polling thread only
     private var epochs: [TopicPartition: UInt64] = [:]
     private var rdPaused: Set<TopicPartition> = []
     private var internallyPaused = false
     private var topicNames: [UnsafePointer<CChar>: String] = [:]
+    private var lastTopic: (pointer: UnsafePointer<CChar>, name: String)?
     /// The epoch of the partition of the previous record: records come in runs of one partition.
     private var lastEpoch: (topic: String, partition: Int32, epoch: UInt64)?
     private var nextRevocationID: UInt64 = 1
@@ -269,20 +281,35 @@ final class ConsumerCore: @unchecked Sendable {
     }
 
     func markFinished(_ receipts: some Sequence<KafkaRecordReceipt>) {
-        lock.lock()
+        completions.withLock { $0.append(contentsOf: receipts) }
+        // A revocation may be waiting for these (it also re-checks every few milliseconds).
+        if draining.load(ordering: .sequentiallyConsistent) > 0 {
+            locked {
+                applyCompletionsLocked()
+                lock.broadcast()
+            }
+        }
+    }
+
+    /// Applies the completions recorded since the last call to the tracker. Call with `lock` held.
+    private func applyCompletionsLocked() {
+        completions.withLock { pending in
+            if !pending.isEmpty { swap(&pending, &applying) }
+        }
+        guard !applying.isEmpty else { return }
         var advanced = false
-        for receipt in receipts {
+        for receipt in applying {
             if case .advanced = tracker.finished(receipt.topicPartition, offset: receipt.offset, epoch: receipt.assignmentEpoch) {
                 advanced = true
             }
         }
+        applying.removeAll(keepingCapacity: true)
         if advanced {
             offsetsDirty = true
             progress &+= 1
         }
         // A revocation may be waiting for these.
         if !revoking.isEmpty { lock.broadcast() }
-        lock.unlock()
     }
 
     func setPaused(_ partitions: [TopicPartition], paused: Bool) {
@@ -302,8 +329,19 @@ final class ConsumerCore: @unchecked Sendable {
 
     func assignedPartitions() -> [TopicPartition] { locked { Array(assigned) } }
     func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
-    func inFlightCount() -> Int { locked { tracker.totalInFlight } }
-    func storableOffset(_ partition: TopicPartition) -> Int64? { locked { tracker.storableOffset(partition) } }
+    func inFlightCount() -> Int {
+        locked {
+            applyCompletionsLocked()
+            return tracker.totalInFlight
+        }
+    }
+
+    func storableOffset(_ partition: TopicPartition) -> Int64? {
+        locked {
+            applyCompletionsLocked()
+            return tracker.storableOffset(partition)
+        }
+    }
 
     func nextBatch() async -> [KafkaRecord]? {
         // Fast path: a batch is ready.
@@ -347,13 +385,15 @@ final class ConsumerCore: @unchecked Sendable {
             // dropped: they were never dispatched, so they will be fetched again. Usually none is,
             // and the chunk is handed over as is, without copying records.
             var rejected: [Int] = []
-            for index in chunk.indices {
-                let record = chunk[index]
-                let partition = record.topicPartition
-                if (!revoking.isEmpty && revoking.contains(partition))
-                    || !tracker.dispatched(partition, offset: record.offset, epoch: record.assignmentEpoch)
-                {
-                    rejected.append(index)
+            // Read the fields in place: copying each record would retain and release its buffers.
+            chunk.withUnsafeBufferPointer { records in
+                for index in records.indices {
+                    let partition = records[index].topicPartition
+                    if (!revoking.isEmpty && revoking.contains(partition))
+                        || !tracker.dispatched(partition, offset: records[index].offset, epoch: records[index].assignmentEpoch)
+                    {
+                        rejected.append(index)
+                    }
                 }
             }
             var out = chunk
@@ -369,7 +409,10 @@ final class ConsumerCore: @unchecked Sendable {
     }
 
     func lag(_ rk: OpaquePointer) -> [TopicPartition: Int64] {
-        let snapshot: [(TopicPartition, Int64?)] = locked { assigned.map { ($0, tracker.storableOffset($0)) } }
+        let snapshot: [(TopicPartition, Int64?)] = locked {
+            applyCompletionsLocked()
+            return assigned.map { ($0, tracker.storableOffset($0)) }
+        }
         guard !snapshot.isEmpty else { return [:] }
         let list = TopicPartitionList(snapshot.map(\.0))
         rd_kafka_position(rk, list.pointer)
@@ -437,6 +480,7 @@ final class ConsumerCore: @unchecked Sendable {
             let resumeInternal = internallyPaused && bufferedCount <= capacity / 2
             let applyPauses = pauseDirty || resumeInternal || (full && !internallyPaused)
             pauseDirty = false
+            applyCompletionsLocked()
             let toStore = offsetsDirty ? tracker.takeStorable() : []
             offsetsDirty = false
             lock.unlock()
@@ -485,7 +529,10 @@ final class ConsumerCore: @unchecked Sendable {
         waiting?.resume(returning: nil)
         // Store what finished since the last loop, then close: that serves the final revocation
         // (draining, storing) and commits.
-        let toStore = locked { tracker.takeStorable() }
+        let toStore = locked {
+            applyCompletionsLocked()
+            return tracker.takeStorable()
+        }
         if !toStore.isEmpty { storeOffsets(rk, toStore) }
         let error = rd_kafka_consumer_close(rk)
         if error != RD_KAFKA_RESP_ERR_NO_ERROR {
@@ -555,9 +602,18 @@ final class ConsumerCore: @unchecked Sendable {
     /// cached text is compared, so a reused address cannot yield a wrong name).
     private func topicName(_ rkt: OpaquePointer?) -> String {
         guard let rkt, let name = rd_kafka_topic_name(rkt) else { return "" }
-        if let cached = topicNames[name], cached.withCString({ strcmp($0, name) == 0 }) { return cached }
-        let text = String(cString: name)
-        topicNames[name] = text
+        // Records come in runs of one topic: try the previous record's name first.
+        if let last = lastTopic, last.pointer == name, last.name.withCString({ strcmp($0, name) == 0 }) {
+            return last.name
+        }
+        let text: String
+        if let cached = topicNames[name], cached.withCString({ strcmp($0, name) == 0 }) {
+            text = cached
+        } else {
+            text = String(cString: name)
+            topicNames[name] = text
+        }
+        lastTopic = (name, text)
         return text
     }
 
@@ -623,7 +679,10 @@ final class ConsumerCore: @unchecked Sendable {
         last: inout (count: UInt64, at: ContinuousClock.Instant),
         alreadyReported: Bool
     ) -> Bool {
-        let (busy, count) = locked { (bufferedCount > 0 || tracker.totalInFlight > 0, progress) }
+        let (busy, count) = locked {
+            applyCompletionsLocked()
+            return (bufferedCount > 0 || tracker.totalInFlight > 0, progress)
+        }
         if count != last.count || !busy { last = (count, now) }
         let since = last.at
         guard busy, now - since > configuration.stallWarning else { return false }
@@ -650,6 +709,7 @@ final class ConsumerCore: @unchecked Sendable {
         switch event {
         case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
             locked {
+                applyCompletionsLocked()
                 for partition in partitions {
                     epochs[partition] = tracker.assign(partition)
                     assigned.insert(partition)
@@ -671,6 +731,7 @@ final class ConsumerCore: @unchecked Sendable {
         case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
             if rd_kafka_assignment_lost(rk) != 0 {
                 locked {
+                    applyCompletionsLocked()
                     for partition in partitions {
                         tracker.lose(partition)
                         assigned.remove(partition)
@@ -683,6 +744,7 @@ final class ConsumerCore: @unchecked Sendable {
             } else {
                 drain(partitions)
                 let offsets: [(TopicPartition, Int64)] = locked {
+                    applyCompletionsLocked()
                     defer {
                         revoking.subtract(partitions)
                         for partition in partitions { assigned.remove(partition) }
@@ -731,13 +793,20 @@ final class ConsumerCore: @unchecked Sendable {
             }
         }
         let deadline = Date(timeIntervalSinceNow: Double(configuration.drainTimeout.milliseconds) / 1000)
+        draining.add(1, ordering: .sequentiallyConsistent)
+        defer { draining.subtract(1, ordering: .sequentiallyConsistent) }
         lock.lock()
         var timedOut = false
+        applyCompletionsLocked()
         while (hookPending && pendingRevocations.contains(id)) || partitions.contains(where: { tracker.inFlight($0) > 0 }) {
-            if !lock.wait(until: deadline) {
+            if Date() >= deadline {
                 timedOut = true
                 break
             }
+            // Wake up now and then regardless: a completion may have been recorded without
+            // seeing `draining` yet.
+            _ = lock.wait(until: min(deadline, Date(timeIntervalSinceNow: 0.005)))
+            applyCompletionsLocked()
         }
         let remaining = partitions.reduce(0) { $0 + tracker.inFlight($1) }
         pendingRevocations.remove(id)

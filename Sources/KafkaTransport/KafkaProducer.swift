@@ -32,10 +32,10 @@ public final class KafkaProducer: Service, Sendable {
             properties: configuration.rdKafkaProperties(),
             context: context
         ) { conf in
-            rd_kafka_conf_set_dr_msg_cb(conf) { _, message, _ in
+            rd_kafka_conf_set_dr_msg_cb(conf) { rk, message, _ in
                 guard let message, let opaque = message.pointee._private else { return }
                 let handler = Unmanaged<DeliveryHandler>.fromOpaque(opaque).takeRetainedValue()
-                handler.complete(message.pointee)
+                handler.complete(message.pointee, context: ClientContext.from(rk))
             }
         }
         self.core = ProducerCore(handle: handle, logger: logger)
@@ -56,7 +56,7 @@ public final class KafkaProducer: Service, Sendable {
         let deadline = ContinuousClock.now + configuration.messageTimeout
         while true {
             let outcome: Result<KafkaDeliveryReport, KafkaError>? = await withUnsafeContinuation { continuation in
-                let handler = DeliveryHandler(topic: message.topic, context: core.handle.context) { result in
+                let handler = DeliveryHandler(topic: message.topic) { result in
                     continuation.resume(returning: result)
                 }
                 if let error = core.enqueue(message, handler: handler) {
@@ -91,7 +91,7 @@ public final class KafkaProducer: Service, Sendable {
         _ message: KafkaOutgoingMessage,
         onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
     ) throws(KafkaError) {
-        let handler = DeliveryHandler(topic: message.topic, context: core.handle.context, callback: onDelivery)
+        let handler = DeliveryHandler(topic: message.topic, callback: onDelivery)
         if let error = core.enqueue(message, handler: handler) { throw error }
     }
 
@@ -136,23 +136,25 @@ public final class KafkaProducer: Service, Sendable {
 
 /// Resumes one `send` when its delivery report arrives. Passed to librdkafka retained, as the
 /// message's opaque, and released by the delivery-report callback.
+///
+/// It holds no reference to the client's context: the callback finds that through the handle
+/// (unretained), so producing and reporting do not both touch one shared reference count for
+/// every message.
 final class DeliveryHandler: Sendable {
     let topic: String
-    let context: ClientContext
     let callback: @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
 
-    init(topic: String, context: ClientContext, callback: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) {
+    init(topic: String, callback: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) {
         self.topic = topic
-        self.context = context
         self.callback = callback
     }
 
-    func complete(_ message: rd_kafka_message_t) {
+    func complete(_ message: rd_kafka_message_t, context: ClientContext?) {
         if message.err == RD_KAFKA_RESP_ERR_NO_ERROR {
-            context.delivered.increment()
+            context?.delivered.increment()
             callback(.success(KafkaDeliveryReport(topic: topic, partition: message.partition, offset: message.offset)))
         } else {
-            context.deliveryFailed.increment()
+            context?.deliveryFailed.increment()
             callback(.failure(KafkaError(
                 code: .delivery,
                 message: "delivery to \(topic) failed",
@@ -249,44 +251,12 @@ final class ProducerCore: Sendable {
         }
         let opaque = Unmanaged.passRetained(handler).toOpaque()
         let rk = handle.pointer
-        let error: OpaquePointer? = message.topic.withCString { topic in
-            message.value.withUnsafeBytes { value in
-                withOptionalBytes(message.key) { key in
-                    withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 8) { vus in
-                        var count = 0
-                        func add(_ type: rd_kafka_vtype_t, _ fill: (inout rd_kafka_vu_t) -> Void) {
-                            var vu = rd_kafka_vu_t()
-                            vu.vtype = type
-                            fill(&vu)
-                            vus.initializeElement(at: count, to: vu)
-                            count += 1
-                        }
-                        add(RD_KAFKA_VTYPE_TOPIC) { $0.u.cstr = topic }
-                        add(RD_KAFKA_VTYPE_VALUE) {
-                            $0.u.mem.ptr = UnsafeMutableRawPointer(mutating: value.baseAddress)
-                            $0.u.mem.size = value.count
-                        }
-                        if let key {
-                            add(RD_KAFKA_VTYPE_KEY) {
-                                $0.u.mem.ptr = UnsafeMutableRawPointer(mutating: key.baseAddress)
-                                $0.u.mem.size = key.count
-                            }
-                        }
-                        if let partition = message.partition {
-                            add(RD_KAFKA_VTYPE_PARTITION) { $0.u.i32 = partition }
-                        }
-                        if let timestamp = message.timestamp {
-                            add(RD_KAFKA_VTYPE_TIMESTAMP) { $0.u.i64 = timestamp }
-                        }
-                        if let headers {
-                            add(RD_KAFKA_VTYPE_HEADERS) { $0.u.headers = headers }
-                        }
-                        add(RD_KAFKA_VTYPE_MSGFLAGS) { $0.u.i = RD_KAFKA_MSG_F_COPY }
-                        add(RD_KAFKA_VTYPE_OPAQUE) { $0.u.ptr = opaque }
-                        defer { vus.baseAddress.map { _ = $0.deinitialize(count: count) } }
-                        return rd_kafka_produceva(rk, vus.baseAddress, count)
-                    }
-                }
+        let error: OpaquePointer?
+        if let rkt = handle.topicHandle(message.topic) {
+            error = Self.produce(rk, message, headers: headers, opaque: opaque) { $0.vtype = RD_KAFKA_VTYPE_RKT; $0.u.rkt = rkt }
+        } else {
+            error = message.topic.withCString { topic in
+                Self.produce(rk, message, headers: headers, opaque: opaque) { $0.vtype = RD_KAFKA_VTYPE_TOPIC; $0.u.cstr = topic }
             }
         }
         guard let error else { return nil }
@@ -304,6 +274,55 @@ final class ProducerCore: Sendable {
             )
         }
         return KafkaError(code: .produce, message: "could not enqueue a message for \(message.topic)", consuming: error)
+    }
+
+    /// One `rd_kafka_produceva` call; `topic` fills in the topic element (by handle or by name).
+    private static func produce(
+        _ rk: OpaquePointer,
+        _ message: KafkaOutgoingMessage,
+        headers: OpaquePointer?,
+        opaque: UnsafeMutableRawPointer,
+        topic: (inout rd_kafka_vu_t) -> Void
+    ) -> OpaquePointer? {
+        message.value.withUnsafeBytes { value in
+            withOptionalBytes(message.key) { key in
+                withUnsafeTemporaryAllocation(of: rd_kafka_vu_t.self, capacity: 8) { vus in
+                    var count = 0
+                    func add(_ fill: (inout rd_kafka_vu_t) -> Void) {
+                        var vu = rd_kafka_vu_t()
+                        fill(&vu)
+                        vus.initializeElement(at: count, to: vu)
+                        count += 1
+                    }
+                    add(topic)
+                    add {
+                        $0.vtype = RD_KAFKA_VTYPE_VALUE
+                        $0.u.mem.ptr = UnsafeMutableRawPointer(mutating: value.baseAddress)
+                        $0.u.mem.size = value.count
+                    }
+                    if let key {
+                        add {
+                            $0.vtype = RD_KAFKA_VTYPE_KEY
+                            $0.u.mem.ptr = UnsafeMutableRawPointer(mutating: key.baseAddress)
+                            $0.u.mem.size = key.count
+                        }
+                    }
+                    if let partition = message.partition {
+                        add { $0.vtype = RD_KAFKA_VTYPE_PARTITION; $0.u.i32 = partition }
+                    }
+                    if let timestamp = message.timestamp {
+                        add { $0.vtype = RD_KAFKA_VTYPE_TIMESTAMP; $0.u.i64 = timestamp }
+                    }
+                    if let headers {
+                        add { $0.vtype = RD_KAFKA_VTYPE_HEADERS; $0.u.headers = headers }
+                    }
+                    add { $0.vtype = RD_KAFKA_VTYPE_MSGFLAGS; $0.u.i = RD_KAFKA_MSG_F_COPY }
+                    add { $0.vtype = RD_KAFKA_VTYPE_OPAQUE; $0.u.ptr = opaque }
+                    defer { vus.baseAddress.map { _ = $0.deinitialize(count: count) } }
+                    return rd_kafka_produceva(rk, vus.baseAddress, count)
+                }
+            }
+        }
     }
 }
 

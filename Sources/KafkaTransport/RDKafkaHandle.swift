@@ -2,6 +2,7 @@ import APNsCore
 import CRdKafka
 import Logging
 import Metrics
+import Synchronization
 
 /// The Swift state librdkafka's callbacks reach through the handle's opaque pointer
 /// (`rd_kafka_conf_set_opaque`). The handle keeps it alive for as long as librdkafka may call back.
@@ -95,6 +96,13 @@ final class RDKafkaHandle: @unchecked Sendable {
     /// The retained context passed to librdkafka; balanced in `deinit`.
     private let contextOpaque: UnsafeMutableRawPointer
 
+    /// Topic handles (`rd_kafka_topic_new`) by name, for producing without librdkafka looking
+    /// the topic up by name (under its client-wide write lock) for every message. Destroyed in
+    /// `deinit`, before the client. Bounded: past ``maxCachedTopics`` names, callers fall back to
+    /// producing by name.
+    private let topics = Mutex<[(name: String, rkt: OpaquePointer)]>([])
+    private static let maxCachedTopics = 64
+
     init(
         type: rd_kafka_type_t,
         properties: [(key: String, value: String)],
@@ -147,6 +155,10 @@ final class RDKafkaHandle: @unchecked Sendable {
     }
 
     deinit {
+        topics.withLock { cached in
+            for entry in cached { rd_kafka_topic_destroy(entry.rkt) }
+            cached.removeAll()
+        }
         if isConsumer {
             // The consumer is closed explicitly on its polling thread (which serves the final
             // rebalance); closing again here would run callbacks nobody polls.
@@ -155,6 +167,19 @@ final class RDKafkaHandle: @unchecked Sendable {
             rd_kafka_destroy(pointer)
         }
         Unmanaged<ClientContext>.fromOpaque(contextOpaque).release()
+    }
+
+    /// A topic handle for `name`, created on first use and kept until the client is destroyed;
+    /// `nil` when librdkafka refuses the name or the cache is full (produce by name instead).
+    func topicHandle(_ name: String) -> OpaquePointer? {
+        topics.withLock { cached -> OpaquePointer? in
+            for entry in cached where entry.name == name { return entry.rkt }
+            guard cached.count < Self.maxCachedTopics, let rkt = rd_kafka_topic_new(pointer, name, nil) else {
+                return nil
+            }
+            cached.append((name, rkt))
+            return rkt
+        }
     }
 
     private static func set(_ conf: OpaquePointer, _ key: String, _ value: String) throws(KafkaError) {
