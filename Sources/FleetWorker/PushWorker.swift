@@ -4,6 +4,7 @@ import KafkaTransport
 import Logging
 import Metrics
 import ServiceLifecycle
+import Synchronization
 
 /// The push worker's pipeline: jobs from Kafka → APNs → one result per notification.
 ///
@@ -34,6 +35,7 @@ public final class PushWorker: Service, Sendable {
     private let limiter: InFlightLimiter
     private let logger: Logger
     private let now: @Sendable () -> UnixMillis
+    private let outcomeCounters = OutcomeCounters()
 
     public init(
         configuration: Configuration,
@@ -229,10 +231,7 @@ public final class PushWorker: Service, Sendable {
 
     private func count(results: [NotificationResult]) {
         for result in results {
-            Counter(label: "apns.worker.notifications", dimensions: [
-                ("outcome", result.outcome.rawValue), ("status", result.status.map(String.init) ?? "none"),
-                ("reason", result.reason.map { $0.count > 40 ? "other" : $0 } ?? "none"), ("app", result.app ?? "none"),
-            ]).increment()
+            outcomeCounters.counter(for: result).increment()
         }
     }
 
@@ -266,5 +265,41 @@ public final class PushWorker: Service, Sendable {
             delay = min(delay * 2, 5000)
         }
         return true
+    }
+}
+
+/// The `apns.worker.notifications` counters, one per outcome, status, reason and app, made once
+/// and reused: results are counted per notification, on the hot path.
+///
+/// The reason label is APNs's reason when it is one of Table 8-6, "unknown" for another reason
+/// APNs gave, and "none" otherwise. The worker's own reasons (why a job is invalid, expired or
+/// failed) are free text with tokens and numbers in them, and would explode label cardinality.
+final class OutcomeCounters: Sendable {
+    private struct Key: Hashable {
+        var outcome: Outcome
+        var status: Int?
+        var reason: String
+        var app: String?
+    }
+
+    private let counters = Mutex<[Key: Counter]>([:])
+
+    func counter(for result: NotificationResult) -> Counter {
+        var reason = "none"
+        if result.status != nil, let text = result.reason {
+            // A failed or expired result says more after APNs's reason ("… (gave up after 8 attempts)").
+            let name = String(text.prefix { $0.isLetter })
+            reason = APNsReasonTable.byReason[name] != nil ? name : "unknown"
+        }
+        let key = Key(outcome: result.outcome, status: result.status, reason: reason, app: result.app)
+        return counters.withLock { counters in
+            if let counter = counters[key] { return counter }
+            let counter = Counter(label: "apns.worker.notifications", dimensions: [
+                ("outcome", key.outcome.rawValue), ("status", key.status.map(String.init) ?? "none"),
+                ("reason", key.reason), ("app", key.app ?? "none"),
+            ])
+            counters[key] = counter
+            return counter
+        }
     }
 }
