@@ -81,5 +81,8 @@ public enum ConfigurationKeys {
         // Admin
         .init("admin.host", "string", "127.0.0.1", "Address of /metrics, /healthz and /readyz."),
         .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz."),
+        // Feedback worker
+        .init("feedback.poll-interval-seconds", "number", "3600", "How often the feedback worker polls each app's legacy feedback service."),
+        .init("feedback.ledger-capacity", "integer", "1000000", "Invalidations the feedback worker remembers, so duplicate results do not repeat an event."),
     ]
 }

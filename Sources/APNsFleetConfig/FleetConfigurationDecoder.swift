@@ -52,6 +52,10 @@ struct FleetConfigurationDecoder {
             host: try name("admin.host", default: "127.0.0.1"),
             port: try int("admin.port", default: 9464, range: 0...65535)
         )
+        configuration.feedback = FeedbackSettings(
+            pollIntervalSeconds: try double("feedback.poll-interval-seconds", default: 3600, range: 1...604_800),
+            ledgerCapacity: try int("feedback.ledger-capacity", default: 1_000_000, range: 1_000...100_000_000)
+        )
         return configuration
     }
 

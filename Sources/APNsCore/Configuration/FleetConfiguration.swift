@@ -26,6 +26,7 @@ public struct FleetConfiguration: Sendable {
     public var worker: WorkerSettings
     public var retry: RetryPolicy
     public var admin: AdminSettings
+    public var feedback: FeedbackSettings
 
     public init(
         kafka: KafkaSettings = KafkaSettings(),
@@ -34,7 +35,8 @@ public struct FleetConfiguration: Sendable {
         defaultApp: String? = nil,
         worker: WorkerSettings = WorkerSettings(),
         retry: RetryPolicy = RetryPolicy(),
-        admin: AdminSettings = AdminSettings()
+        admin: AdminSettings = AdminSettings(),
+        feedback: FeedbackSettings = FeedbackSettings()
     ) {
         self.kafka = kafka
         self.topics = topics
@@ -43,6 +45,7 @@ public struct FleetConfiguration: Sendable {
         self.worker = worker
         self.retry = retry
         self.admin = admin
+        self.feedback = feedback
     }
 
     public func app(named name: String) -> AppConfiguration? {
@@ -315,5 +318,19 @@ public struct AdminSettings: Sendable, Hashable {
     public init(host: String = "127.0.0.1", port: Int = 9464) {
         self.host = host
         self.port = port
+    }
+}
+
+/// The feedback worker: which dead tokens it remembers, and how often it asks the legacy
+/// feedback service.
+public struct FeedbackSettings: Sendable, Hashable {
+    /// Seconds between polls of each app's legacy feedback service. Default: 3600.
+    public var pollIntervalSeconds: Double
+    /// Invalidations remembered to suppress repeats from duplicate results. Default: 1,000,000.
+    public var ledgerCapacity: Int
+
+    public init(pollIntervalSeconds: Double = 3600, ledgerCapacity: Int = 1_000_000) {
+        self.pollIntervalSeconds = pollIntervalSeconds
+        self.ledgerCapacity = ledgerCapacity
     }
 }

@@ -54,6 +54,21 @@ public struct TokenEvent: Sendable, Hashable {
         )
     }
 
+    /// The event of a legacy feedback tuple: the app stopped answering on that device at the
+    /// tuple's time (seconds, as the feedback service reports it). Nil when the tuple's token is
+    /// not a device token.
+    public init?(feedback tuple: FeedbackTuple, topic: String, app: String?) {
+        guard let token = try? DeviceToken(bytes: tuple.token) else { return nil }
+        self.init(
+            token: token.hex,
+            topic: topic,
+            app: app,
+            reason: APNsReason.unregistered.rawValue,
+            invalidatedAt: Int64(tuple.timestamp) * 1000,
+            source: .feedbackService
+        )
+    }
+
     public func encoded() -> [UInt8] {
         var writer = JSONWriter(capacity: 256)
         writer.beginObject()

@@ -1,0 +1,60 @@
+/// Remembers which token invalidations have been published, so that duplicate results (the
+/// pipeline is at-least-once) do not repeat a token event.
+///
+/// One invalidation is one (topic, token, reason) at one time. A repeat is the same reason for
+/// the same key at the same or an earlier time: a job redone after a crash meets the same dead
+/// token again, and APNs answers with the same 410 timestamp. A later 410 timestamp is a new
+/// invalidation (the token was registered again and died again), and so is another reason.
+///
+/// Memory is bounded: past `capacity` keys the oldest is forgotten first. Forgetting costs at
+/// most one repeated event for that key, which the compacted topic absorbs.
+public struct InvalidationLedger: Sendable {
+    private struct Entry: Sendable {
+        var reason: String
+        var invalidatedAt: Int64
+    }
+
+    public let capacity: Int
+    private var entries: [String: Entry] = [:]
+    /// Keys in the order they were first remembered; `head` is the oldest still in use.
+    private var order: [String] = []
+    private var head = 0
+
+    public init(capacity: Int) {
+        self.capacity = max(1, capacity)
+    }
+
+    /// The number of keys remembered.
+    public var count: Int { entries.count }
+
+    /// Whether `event` is news. If it is, it is remembered and the caller publishes it.
+    public mutating func admit(_ event: TokenEvent) -> Bool {
+        let key = event.key
+        if let known = entries[key] {
+            guard known.reason != event.reason || event.invalidatedAt > known.invalidatedAt else { return false }
+            entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
+            return true
+        }
+        entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
+        order.append(key)
+        while entries.count > capacity, head < order.count {
+            entries[order[head]] = nil
+            head += 1
+        }
+        // Compact the order list once the forgotten prefix dominates it.
+        if head > 1024, head * 2 > order.count {
+            order.removeFirst(head)
+            head = 0
+        }
+        return true
+    }
+
+    /// Forgets `event` again, for a publish that never landed: a later duplicate must then be
+    /// allowed to publish it.
+    public mutating func forget(_ event: TokenEvent) {
+        guard let known = entries[event.key], known.reason == event.reason, known.invalidatedAt == event.invalidatedAt else { return }
+        entries[event.key] = nil
+        // Its slot in `order` stays: evicting a key that is gone is a no-op, and if the key comes
+        // back it is merely forgotten a little early.
+    }
+}

@@ -1,0 +1,72 @@
+import APNsCore
+import Testing
+
+@Suite("Invalidation ledger")
+struct InvalidationLedgerTests {
+    static let token = String(repeating: "ab", count: 32)
+
+    static func event(_ reason: String = "Unregistered", at time: Int64 = 1000, topic: String = "com.example.app", token: String = token) -> TokenEvent {
+        TokenEvent(token: token, topic: topic, app: "example", reason: reason, invalidatedAt: time, source: .http2)
+    }
+
+    @Test("a duplicate result does not repeat the event")
+    func duplicateIsSuppressed() {
+        var ledger = InvalidationLedger(capacity: 100)
+        let admitted1 = ledger.admit(Self.event())
+        #expect(admitted1)
+        let admitted2 = ledger.admit(Self.event())
+        #expect(!admitted2)
+        let admitted3 = ledger.admit(Self.event(at: 900))
+        #expect(!admitted3, "an older timestamp is not news")
+    }
+
+    @Test("a later 410, another reason or another topic is a new invalidation")
+    func newInvalidations() {
+        var ledger = InvalidationLedger(capacity: 100)
+        let admitted4 = ledger.admit(Self.event())
+        #expect(admitted4)
+        let admitted5 = ledger.admit(Self.event(at: 2000))
+        #expect(admitted5, "the token came back and died again")
+        let admitted6 = ledger.admit(Self.event("BadDeviceToken", at: 2000))
+        #expect(admitted6)
+        let admitted7 = ledger.admit(Self.event(topic: "com.example.other"))
+        #expect(admitted7)
+        #expect(ledger.count == 2)
+    }
+
+    @Test("memory is bounded; the oldest key is forgotten first")
+    func bounded() {
+        var ledger = InvalidationLedger(capacity: 3)
+        let tokens = (0..<5).map { String(repeating: "0", count: 62) + "0\($0)" }
+        for token in tokens {
+            let admitted = ledger.admit(Self.event(token: token))
+            #expect(admitted)
+        }
+        #expect(ledger.count == 3)
+        let admitted9 = ledger.admit(Self.event(token: tokens[4]))
+        #expect(!admitted9, "recent keys are remembered")
+        let admitted10 = ledger.admit(Self.event(token: tokens[0]))
+        #expect(admitted10, "the oldest was forgotten")
+    }
+
+    @Test("an event whose publish failed can be admitted again")
+    func forget() {
+        var ledger = InvalidationLedger(capacity: 10)
+        let event = Self.event()
+        let first = ledger.admit(event)
+        ledger.forget(event)
+        let again = ledger.admit(event)
+        #expect(first && again)
+    }
+
+    @Test("a feedback tuple becomes an Unregistered event at the tuple's time")
+    func feedbackTuple() throws {
+        let tuple = FeedbackTuple(timestamp: 1_767_225_600, token: Array(repeating: 0xAB, count: 32))
+        let event = try #require(TokenEvent(feedback: tuple, topic: "com.example.app", app: "legacy"))
+        #expect(event.token == Self.token)
+        #expect(event.invalidatedAt == 1_767_225_600_000)
+        #expect(event.source == .feedbackService && event.reason == "Unregistered")
+        #expect(event.key == "com.example.app/\(Self.token)")
+        #expect(TokenEvent(feedback: FeedbackTuple(timestamp: 1, token: [1, 2]), topic: "t", app: nil) == nil, "not a device token")
+    }
+}
