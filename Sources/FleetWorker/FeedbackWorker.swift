@@ -1,0 +1,208 @@
+import APNsCore
+import Foundation
+import KafkaTransport
+import Logging
+import Metrics
+import ServiceLifecycle
+import Synchronization
+
+/// The feedback worker: dead tokens → `apns.token-events`.
+///
+/// It reads `apns.results` in its own consumer group and turns every 410 Unregistered,
+/// BadDeviceToken and DeviceTokenNotForTopic answer into a token event keyed `<topic>/<token>`.
+/// It also polls the legacy feedback service of every app that has one, and turns each tuple
+/// into an event with `source: feedback-service`.
+///
+/// At-least-once, like the push worker: a batch of results is marked finished only after its
+/// events are acknowledged by Kafka. Duplicate results do not repeat an event: an
+/// ``InvalidationLedger`` remembers what was published.
+public final class FeedbackWorker: Service, Sendable {
+    public struct Configuration: Sendable {
+        public var topics: TopicNames
+        /// Time between polls of each legacy feedback service.
+        public var pollInterval: Duration
+        /// How long one poll may take (connect, read to the end).
+        public var pollTimeout: Duration
+        public var ledgerCapacity: Int
+
+        public init(topics: TopicNames, pollInterval: Duration, pollTimeout: Duration = .seconds(60), ledgerCapacity: Int) {
+            self.topics = topics
+            self.pollInterval = pollInterval
+            self.pollTimeout = pollTimeout
+            self.ledgerCapacity = ledgerCapacity
+        }
+    }
+
+    /// One app's legacy feedback service. `fetch` connects, reads every tuple until the service
+    /// closes the connection, and returns them.
+    public struct FeedbackService: Sendable {
+        public var app: String
+        /// The apns-topic the app's tokens belong to (the event key's first half).
+        public var topic: String
+        public var fetch: @Sendable (_ timeout: Duration) async throws -> [FeedbackTuple]
+
+        public init(app: String, topic: String, fetch: @escaping @Sendable (_ timeout: Duration) async throws -> [FeedbackTuple]) {
+            self.app = app
+            self.topic = topic
+            self.fetch = fetch
+        }
+    }
+
+    private let configuration: Configuration
+    private let consumer: KafkaConsumer
+    private let publisher: ReliablePublisher
+    private let services: [FeedbackService]
+    private let logger: Logger
+    private let now: @Sendable () -> UnixMillis
+    private let ledger: Mutex<InvalidationLedger>
+    private let stopping = Atomic<Bool>(false)
+    private let lastPolls = Mutex<[String: Bool]>([:])
+
+    private let resultsRead = Counter(label: "apns.feedback.results")
+    private let undecodable = Counter(label: "apns.feedback.results.undecodable")
+    private let duplicates = Counter(label: "apns.feedback.events.duplicate")
+
+    public init(
+        configuration: Configuration,
+        consumer: KafkaConsumer,
+        producer: KafkaProducer,
+        feedbackServices: [FeedbackService],
+        logger: Logger,
+        now: @escaping @Sendable () -> UnixMillis = { UnixMillis(Int64(Date().timeIntervalSince1970 * 1000)) }
+    ) {
+        self.configuration = configuration
+        self.consumer = consumer
+        self.publisher = ReliablePublisher(producer: producer, logger: logger)
+        self.services = feedbackServices
+        self.logger = logger
+        self.now = now
+        self.ledger = Mutex(InvalidationLedger(capacity: configuration.ledgerCapacity))
+    }
+
+    /// Whether the last poll of each feedback service succeeded (app → success), for readiness.
+    public var feedbackServiceHealth: [String: Bool] { lastPolls.withLock { $0 } }
+
+    public func run() async throws {
+        // The poll loop runs beside the results; it stops between polls, never in the middle of
+        // one, because the feedback service forgets the tuples it has handed out.
+        let polling = Task { await self.pollLoop() }
+        for try await batch in consumer.batches {
+            await handle(batch)
+        }
+        stopping.store(true, ordering: .relaxed)
+        await polling.value
+        // Stay up until asked to stop, so the service group shuts down in its order.
+        try? await gracefulShutdown()
+    }
+
+    // MARK: - Results
+
+    private static let rejectedMarker = Array(#""rejected""#.utf8)
+
+    func handle(_ batch: [KafkaRecord]) async {
+        var messages: [KafkaOutgoingMessage] = []
+        var admitted: [TokenEvent] = []
+        for record in batch {
+            resultsRead.increment()
+            // Only a rejected result can invalidate a token; most results are skipped without
+            // decoding them.
+            guard Self.contains(record.value, Self.rejectedMarker) else { continue }
+            let result: NotificationResult
+            do {
+                result = try NotificationResult(decoding: record.value)
+            } catch {
+                undecodable.increment()
+                logger.debug("result is not decodable; skipped", metadata: [
+                    "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)", "error": "\(error)",
+                ])
+                continue
+            }
+            guard let event = TokenEvent(result: result, observedAt: now()) else { continue }
+            guard ledger.withLock({ $0.admit(event) }) else {
+                duplicates.increment()
+                continue
+            }
+            admitted.append(event)
+            messages.append(message(for: event))
+        }
+        if !messages.isEmpty {
+            guard await publisher.publish(messages) else {
+                // Cancelled before Kafka took them: forget them so a redo publishes them.
+                ledger.withLock { ledger in for event in admitted { ledger.forget(event) } }
+                return
+            }
+            count(admitted)
+        }
+        consumer.markFinished(batch)
+    }
+
+    private func message(for event: TokenEvent) -> KafkaOutgoingMessage {
+        KafkaOutgoingMessage(topic: configuration.topics.tokenEvents, key: Array(event.key.utf8), value: event.encoded())
+    }
+
+    private func count(_ events: [TokenEvent]) {
+        for event in events {
+            Counter(label: "apns.feedback.events", dimensions: [("reason", event.reason), ("source", event.source.rawValue)]).increment()
+        }
+    }
+
+    static func contains(_ bytes: [UInt8], _ marker: [UInt8]) -> Bool {
+        guard let first = marker.first, bytes.count >= marker.count else { return false }
+        var index = 0
+        let last = bytes.count - marker.count
+        while index <= last {
+            if bytes[index] == first, bytes[index..<(index + marker.count)].elementsEqual(marker) { return true }
+            index += 1
+        }
+        return false
+    }
+
+    // MARK: - Legacy feedback service
+
+    private func pollLoop() async {
+        guard !services.isEmpty else { return }
+        while !stopping.load(ordering: .relaxed) {
+            for service in services where !stopping.load(ordering: .relaxed) {
+                await poll(service)
+            }
+            // Sleep in short steps so that a drain never waits a whole interval.
+            let wake = ContinuousClock.now + configuration.pollInterval
+            while !stopping.load(ordering: .relaxed), ContinuousClock.now < wake {
+                try? await Task.sleep(for: .milliseconds(250))
+            }
+        }
+    }
+
+    /// Polls one service now and publishes its events; used by the loop and by tests.
+    @discardableResult
+    func poll(_ service: FeedbackService) async -> Int {
+        let tuples: [FeedbackTuple]
+        do {
+            tuples = try await service.fetch(configuration.pollTimeout)
+        } catch {
+            lastPolls.withLock { $0[service.app] = false }
+            Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "error")]).increment()
+            logger.warning("feedback service poll failed; will try again next interval", metadata: ["app": "\(service.app)", "error": "\(error)"])
+            return 0
+        }
+        lastPolls.withLock { $0[service.app] = true }
+        Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "ok")]).increment()
+        var events: [TokenEvent] = []
+        for tuple in tuples {
+            guard let event = TokenEvent(feedback: tuple, topic: service.topic, app: service.app) else {
+                logger.warning("feedback tuple carries no valid device token; skipped", metadata: ["app": "\(service.app)", "token.bytes": "\(tuple.token.count)"])
+                continue
+            }
+            if ledger.withLock({ $0.admit(event) }) { events.append(event) } else { duplicates.increment() }
+        }
+        guard !events.isEmpty else { return 0 }
+        if await publisher.publish(events.map(message(for:))) {
+            count(events)
+            logger.info("feedback service reported dead tokens", metadata: ["app": "\(service.app)", "events": "\(events.count)"])
+        } else {
+            // Only cancellation gets here (a forced stop); say what was lost rather than hide it.
+            logger.error("stopped before the feedback service's events were published", metadata: ["app": "\(service.app)", "events": "\(events.count)"])
+        }
+        return events.count
+    }
+}
