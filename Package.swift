@@ -11,6 +11,7 @@
 //   APNsHTTP2         libnghttp2 session driven by SwiftNIO (client and server)
 //   APNsClient        APNs HTTP/2 client: long-lived connections, pools per app
 //   APNsSimulator     APNs simulator: HTTP/2 provider API, legacy gateway and feedback service
+//   APNsLegacyClient  the legacy binary interface: gateway connections, feedback reader
 //   FleetWorker       the worker services: push worker pipeline, admin endpoint
 //   FleetTestSupport  helpers for tests that start real processes
 //   apns-fleet        the one executable, a thin argument-parser front end
@@ -125,6 +126,25 @@ let package = Package(
             swiftSettings: strictSettings
         ),
 
+        // The legacy binary provider interface (gateway 2195, feedback 2196): certificate-auth TLS
+        // connections, error-response bookkeeping, the feedback stream reader.
+        .target(
+            name: "APNsLegacyClient",
+            dependencies: [
+                "APNsCore",
+                "APNsClient",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+
         // MARK: - Configuration
 
         .target(
@@ -167,6 +187,7 @@ let package = Package(
             dependencies: [
                 "APNsCore",
                 "APNsClient",
+                "APNsLegacyClient",
                 "KafkaTransport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -236,6 +257,20 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "APNsLegacyClientTests",
+            dependencies: [
+                "APNsLegacyClient",
+                "APNsClient",
+                "APNsSimulator",
+                "APNsCore",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings
         ),

@@ -204,13 +204,22 @@ public struct APNsClientConfiguration: Sendable {
 
     /// The TLS context: TLS 1.2+, ALPN h2, full verification.
     func makeTLSContext() throws(APNsClientError) -> NIOSSLContext {
+        var caFile: String?
+        if case .custom(_, _, let file?) = endpoint { caFile = file }
+        return try Self.makeClientTLSContext(caFile: caFile, authentication: authentication, applicationProtocols: ["h2"])
+    }
+
+    /// A client TLS context with full verification against `caFile` (or the system roots without
+    /// one), TLS 1.2+, and the client certificate when `authentication` is one. Shared with the
+    /// legacy binary interface client (no ALPN there).
+    public static func makeClientTLSContext(caFile: String?, authentication: APNsAuthentication?, applicationProtocols: [String]) throws(APNsClientError) -> NIOSSLContext {
         var tls = TLSConfiguration.makeClientConfiguration()
         tls.minimumTLSVersion = .tlsv12
-        tls.applicationProtocols = ["h2"]
+        tls.applicationProtocols = applicationProtocols
         tls.certificateVerification = .fullVerification
         // Closing waits at most this long for the server's close_notify.
         tls.shutdownTimeout = .seconds(1)
-        if case .custom(_, _, let caFile?) = endpoint {
+        if let caFile {
             do {
                 tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(caFile))
             } catch {
@@ -219,7 +228,7 @@ public struct APNsClientConfiguration: Sendable {
         } else {
             tls.trustRoots = .default
         }
-        if case .certificate(let chain, let key) = authentication {
+        if case .certificate(let chain, let key)? = authentication {
             tls.certificateChain = chain.map { .certificate($0) }
             tls.privateKey = .privateKey(key)
         }

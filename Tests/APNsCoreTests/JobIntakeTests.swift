@@ -96,3 +96,29 @@ struct JobIntakeTests {
         #expect(rejected.results.first?.reason == "attempt header: must be a positive integer, got \"-4\"")
     }
 }
+
+@Suite("Job intake for binary-interface apps")
+struct BinaryIntakeTests {
+    @Test("a payload the legacy interface cannot carry is invalid, with the limit named")
+    func oversizeForBinary() {
+        let app = AppConfiguration(
+            name: "legacy", authentication: .certificate(.pkcs12(file: "/dev/null", password: nil)),
+            defaults: JobDefaults(topic: "com.example.legacy"), transport: .binary
+        )
+        let intake = JobIntake(configuration: FleetConfiguration(apps: [app]), workerID: "w")
+        let token = String(repeating: "ab", count: 32)
+        let small = Array(#"{"token":"\#(token)","payload":{"aps":{"alert":"hi"}}}"#.utf8)
+        let big = Array(#"{"token":"\#(token)","payload":{"aps":{"alert":"\#(String(repeating: "x", count: 300))"}}}"#.utf8)
+        let source = SourcePosition(topic: "apns.jobs", partition: 0, offset: 7)
+        guard case .accepted = intake.accept(value: small, headers: [], source: source, now: UnixMillis(0)) else {
+            Issue.record("a small payload must be accepted")
+            return
+        }
+        guard case .rejected(let rejected) = intake.accept(value: big, headers: [], source: source, now: UnixMillis(0)) else {
+            Issue.record("an oversize payload must be rejected")
+            return
+        }
+        #expect(rejected.rejection.reason == "payload: payload is 320 bytes; the legacy binary interface (protocol binary) allows at most 256")
+        #expect(rejected.results.map(\.outcome) == [.invalid])
+    }
+}

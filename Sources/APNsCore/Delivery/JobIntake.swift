@@ -57,6 +57,7 @@ public struct JobIntake: Sendable {
             do {
                 let app = try configuration.app(for: job)
                 let resolved = try job.resolved(defaults: app.defaults, appName: app.name)
+                if app.transport == .binary { try Self.checkBinaryInterface(resolved) }
                 let tokens = try retryTokens(headers: headers, job: job)
                 return .accepted(AcceptedJob(
                     jobID: jobID, job: resolved, appName: app.name, source: source,
@@ -68,6 +69,18 @@ public struct JobIntake: Sendable {
         } catch {
             let jobID = inheritedID ?? Self.bestEffortJobID(value: value)
             return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID)
+        }
+    }
+
+    /// The legacy binary interface's own limits, so that a job it can never carry is `invalid`
+    /// (with a DLQ copy) rather than refused later by the gateway.
+    static func checkBinaryInterface(_ job: ResolvedJob) throws(JobRejection) {
+        let limit = LegacyNotification.maximumPayloadBytes
+        guard job.job.payload.count <= limit else {
+            throw JobRejection(field: "payload", "payload is \(job.job.payload.count) bytes; the legacy binary interface (protocol binary) allows at most \(limit)")
+        }
+        if let token = job.job.tokens.first(where: { $0.bytes.count != LegacyNotification.tokenBytes }) {
+            throw JobRejection(field: "token", "device token \(token.redacted) is \(token.bytes.count) bytes; the legacy binary interface takes \(LegacyNotification.tokenBytes)")
         }
     }
 

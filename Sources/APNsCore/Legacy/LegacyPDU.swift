@@ -3,6 +3,11 @@
 /// Command 0 is the simple format, command 1 the enhanced format (identifier and expiry), and
 /// command 2 the later frame format (items). All integers are big-endian.
 public struct LegacyNotification: Sendable, Hashable {
+    /// The interface's payload limit (the binary interface reference, simple and enhanced formats).
+    public static let maximumPayloadBytes = 256
+    /// Device tokens on the binary interface are 32 bytes.
+    public static let tokenBytes = 32
+
     public enum Format: UInt8, Sendable, Hashable {
         case simple = 0
         case enhanced = 1

@@ -1,0 +1,363 @@
+import APNsCore
+import DequeModule
+
+/// What the gateway made of one notification.
+public enum LegacyGatewayVerdict: Sendable, Hashable, CustomStringConvertible {
+    /// The gateway took it: a later error-response showed it passed, or the quiet period
+    /// passed after it was written with no error-response.
+    case accepted
+    /// The gateway answered with an error-response naming this notification.
+    case rejected(LegacyErrorStatus)
+    /// Never written: the gateway would have answered `status` (payload or token size, an empty
+    /// payload), so the client said it instead of breaking a connection over it.
+    case refused(LegacyErrorStatus, detail: String)
+    /// No verdict: the deadline passed, no connection could be made, the client shut down, or a
+    /// connection kept closing before the quiet period passed. The text says which.
+    case notAnswered(String)
+
+    public var description: String {
+        switch self {
+        case .accepted: "accepted"
+        case .rejected(let status): "rejected: status \(status)"
+        case .refused(let status, let detail): "refused before sending (\(status.meaning)): \(detail)"
+        case .notAnswered(let why): "not answered: \(why)"
+        }
+    }
+}
+
+/// The bookkeeping of the legacy gateway client, without I/O: which notifications wait to be
+/// written, which are on which connection unconfirmed, and what an error-response, a close or
+/// the passing of time means for each of them. The client executes what the methods return.
+///
+/// The binary interface answers nothing on success. So a connection keeps a *window* of written,
+/// unconfirmed notifications in write order. An error-response (command 8) names one of them:
+/// the ones before it passed, it failed, and the gateway dropped the ones after it (they go back
+/// to the front of the queue for another connection). A notification with no error-response
+/// for `quietPeriod` after it was written counts as accepted.
+///
+/// Generic over the waiter so that it stays pure and testable.
+struct GatewayStateMachine<Waiter> {
+    typealias Instant = ContinuousClock.Instant
+
+    struct Configuration {
+        /// Written, unconfirmed notifications per connection at most.
+        var windowSize: Int
+        var quietPeriod: Duration
+        /// Times a notification is written again after a connection closed before its quiet
+        /// period ended (the gateway may or may not have taken it).
+        var maximumResends: Int
+        /// False for the simple format: it carries no identifier, so an error-response cannot
+        /// name its notification.
+        var identifiesNotifications: Bool
+    }
+
+    struct Entry {
+        var bytes: [UInt8]
+        var deadline: Instant
+        /// Nil once the caller has its verdict (e.g. its deadline passed while written): the entry
+        /// stays in its window so error-responses are still attributed correctly, and is not re-sent.
+        var waiter: Waiter?
+        /// Times it was written again after an unexplained close.
+        var resends = 0
+    }
+
+    struct Written {
+        var key: UInt32
+        /// When its bytes reached the socket; nil while they wait in the channel. The quiet
+        /// period counts from here, so a slow socket cannot make a notification look accepted.
+        var writtenAt: Instant?
+    }
+
+    struct Connection {
+        var window: Deque<Written> = []
+        /// How many entries at the window's end are not stamped yet (`writtenAt == nil`).
+        var unstamped = 0
+        var drainScheduled = false
+        /// After an error-response: nothing more is written; the gateway closes it.
+        var closing = false
+    }
+
+    /// A verdict for a caller.
+    struct Resume {
+        var waiter: Waiter
+        var verdict: LegacyGatewayVerdict
+    }
+
+    /// What the client does after an event: resume these callers, and run a write pass on these
+    /// connections (on their event loops).
+    struct Actions {
+        var resumes: [Resume] = []
+        var drains: [UInt64] = []
+        /// Notifications written again on another connection (for metrics).
+        var resent = 0
+        /// An error-response that named no notification in the window (for a log line).
+        var unattributed: LegacyErrorResponse?
+    }
+
+    let configuration: Configuration
+    private(set) var entries: [UInt32: Entry] = [:]
+    private(set) var pending: Deque<UInt32> = []
+    private(set) var connections: [UInt64: Connection] = [:]
+    private(set) var shuttingDown = false
+    private var nextIdentifier: UInt32 = 0
+
+    init(configuration: Configuration) {
+        self.configuration = configuration
+    }
+
+    /// Notifications written and not yet confirmed, over all connections.
+    var unconfirmedCount: Int { connections.values.reduce(0) { $0 + $1.window.count } }
+    var activeConnectionCount: Int { connections.values.filter { !$0.closing }.count }
+
+    /// The identifier the next enqueued notification will carry (it must be in its bytes).
+    /// Never 0, so that an error-response for a simple-format PDU cannot name one; skips
+    /// identifiers still in use after a wrap.
+    mutating func takeIdentifier() -> UInt32 {
+        repeat {
+            nextIdentifier &+= 1
+        } while nextIdentifier == 0 || entries[nextIdentifier] != nil
+        return nextIdentifier
+    }
+
+    // MARK: Callers
+
+    /// Queues a notification whose PDU (carrying `identifier`) is `bytes`.
+    mutating func enqueue(identifier: UInt32, bytes: [UInt8], deadline: Instant, waiter: Waiter) -> Actions {
+        var actions = Actions()
+        if shuttingDown {
+            actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered("the legacy gateway client is shutting down; it was not sent")))
+            return actions
+        }
+        entries[identifier] = Entry(bytes: bytes, deadline: deadline, waiter: waiter)
+        pending.append(identifier)
+        scheduleDrains(&actions)
+        return actions
+    }
+
+    // MARK: Connections
+
+    mutating func connectionActive(_ id: UInt64) -> Actions {
+        var actions = Actions()
+        connections[id] = Connection()
+        scheduleDrains(&actions)
+        return actions
+    }
+
+    /// A write pass on connection `id`: the PDUs to write, in order. Their notifications join
+    /// the connection's window now, so the window's order is the wire's order as long as write
+    /// passes of one connection run one after another (they do, on its event loop).
+    mutating func drain(_ id: UInt64) -> (writes: [[UInt8]], actions: Actions) {
+        var actions = Actions()
+        guard var connection = connections[id] else { return ([], actions) }
+        connection.drainScheduled = false
+        var writes: [[UInt8]] = []
+        if !connection.closing {
+            while connection.window.count < configuration.windowSize, let key = pending.popFirst() {
+                guard let entry = entries[key] else { continue }
+                guard entry.waiter != nil else {
+                    entries[key] = nil
+                    continue
+                }
+                connection.window.append(Written(key: key, writtenAt: nil))
+                connection.unstamped += 1
+                writes.append(entry.bytes)
+            }
+        }
+        connections[id] = connection
+        // What did not fit goes to another connection with room.
+        scheduleDrains(&actions)
+        return (writes, actions)
+    }
+
+    /// The first `count` unstamped PDUs of connection `id` reached the socket (write passes
+    /// complete in order).
+    mutating func written(_ id: UInt64, count: Int, now: Instant) {
+        guard var connection = connections[id] else { return }
+        let stamp = min(count, connection.unstamped)
+        let start = connection.window.count - connection.unstamped
+        for index in start..<(start + stamp) { connection.window[index].writtenAt = now }
+        connection.unstamped -= stamp
+        connections[id] = connection
+    }
+
+    /// Connection `id` received an error-response: settle its whole window.
+    mutating func errorResponse(_ id: UInt64, _ response: LegacyErrorResponse, now: Instant) -> Actions {
+        var actions = Actions()
+        guard var connection = connections[id] else { return actions }
+        connection.closing = true
+        let window = connection.window
+        connection.window = []
+        connection.unstamped = 0
+        connections[id] = connection
+
+        let index = configuration.identifiesNotifications ? window.firstIndex(where: { $0.key == response.identifier }) : nil
+        if let index {
+            for written in window[..<index] { finish(written.key, .accepted, &actions) }
+            // Status 10 ("Shutdown", documented after Table 5-1 was written) and 0 name the
+            // last notification that passed rather than one that failed.
+            let passed = response.status.code == 0 || response.status.code == 10
+            finish(window[index].key, passed ? .accepted : .rejected(response.status), &actions)
+            // Dropped by the gateway, certainly not processed: re-sending cannot duplicate them.
+            requeue(window[(index + 1)...].map(\.key), countsAsResend: false, because: response, &actions)
+        } else if !configuration.identifiesNotifications, window.count == 1, let only = window.first {
+            // The simple format names nothing, but with one notification in flight there is no doubt.
+            finish(only.key, .rejected(response.status), &actions)
+        } else {
+            // Nothing to attribute it to: the named notification was already confirmed (then
+            // everything still in the window came after it and was dropped), the identifier is
+            // garbage, or the format has none. Re-send all, bounded by the resend limit.
+            actions.unattributed = response
+            requeue(window.map(\.key), countsAsResend: true, because: response, &actions)
+        }
+        scheduleDrains(&actions)
+        return actions
+    }
+
+    /// Connection `id` closed. Without an error-response the window's fate is unknown: what
+    /// outlived its quiet period counts as accepted, the rest is written again (at-least-once).
+    mutating func connectionClosed(_ id: UInt64, now: Instant) -> Actions {
+        var actions = Actions()
+        guard let connection = connections.removeValue(forKey: id) else { return actions }
+        var unsure: [UInt32] = []
+        for written in connection.window {
+            if let writtenAt = written.writtenAt, now >= writtenAt + configuration.quietPeriod {
+                finish(written.key, .accepted, &actions)
+            } else {
+                unsure.append(written.key)
+            }
+        }
+        requeue(unsure, countsAsResend: true, because: nil, &actions)
+        scheduleDrains(&actions)
+        return actions
+    }
+
+    // MARK: Time
+
+    /// Confirms what passed its quiet period and answers callers whose deadline passed.
+    mutating func tick(now: Instant) -> Actions {
+        var actions = Actions()
+        for id in connections.keys.sorted() {
+            guard var connection = connections[id] else { continue }
+            while let first = connection.window.first, let writtenAt = first.writtenAt, now >= writtenAt + configuration.quietPeriod {
+                connection.window.removeFirst()
+                finish(first.key, .accepted, &actions)
+            }
+            // Written and waiting for the quiet period: answer a caller whose deadline passed,
+            // but keep the entry so later error-responses are still attributed right.
+            for written in connection.window {
+                if let entry = entries[written.key], let waiter = entry.waiter, now >= entry.deadline {
+                    entries[written.key]?.waiter = nil
+                    actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered("the deadline passed after it was written, before the gateway's quiet period ended (it may have been delivered)")))
+                }
+            }
+            connections[id] = connection
+        }
+        if pending.contains(where: { entries[$0].map { now >= $0.deadline } ?? true }) {
+            var kept: Deque<UInt32> = []
+            for key in pending {
+                guard let entry = entries[key] else { continue }
+                if now >= entry.deadline {
+                    entries[key] = nil
+                    if let waiter = entry.waiter {
+                        let why = connections.isEmpty
+                            ? "the deadline passed with no connection to the gateway; it was not sent"
+                            : "the deadline passed before it could be written; it was not sent"
+                        actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered(why)))
+                    }
+                } else {
+                    kept.append(key)
+                }
+            }
+            pending = kept
+        }
+        scheduleDrains(&actions)
+        return actions
+    }
+
+    // MARK: Shutdown
+
+    /// Stops taking work and answers everything not yet written; written notifications still
+    /// get their verdicts until the connections close.
+    mutating func shutdown() -> Actions {
+        var actions = Actions()
+        shuttingDown = true
+        for key in pending {
+            guard let entry = entries.removeValue(forKey: key) else { continue }
+            if let waiter = entry.waiter {
+                actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered("the legacy gateway client shut down before it was written; it was not sent")))
+            }
+        }
+        pending = []
+        return actions
+    }
+
+    /// Answers everything still waiting (after the connections closed for good).
+    mutating func finishAll(_ why: String) -> Actions {
+        var actions = Actions()
+        shuttingDown = true
+        for (_, entry) in entries {
+            if let waiter = entry.waiter { actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered(why))) }
+        }
+        entries = [:]
+        pending = []
+        for id in connections.keys { connections[id]?.window = [] }
+        return actions
+    }
+
+    /// True when nothing waits for a verdict.
+    var isIdle: Bool { pending.isEmpty && unconfirmedCount == 0 }
+
+    // MARK: Helpers
+
+    private mutating func finish(_ key: UInt32, _ verdict: LegacyGatewayVerdict, _ actions: inout Actions) {
+        guard let entry = entries.removeValue(forKey: key), let waiter = entry.waiter else { return }
+        actions.resumes.append(Resume(waiter: waiter, verdict: verdict))
+    }
+
+    /// Puts `keys` back at the front of the queue, in their order.
+    private mutating func requeue(_ keys: [UInt32], countsAsResend: Bool, because response: LegacyErrorResponse?, _ actions: inout Actions) {
+        var again: [UInt32] = []
+        for key in keys {
+            guard var entry = entries[key] else { continue }
+            guard let waiter = entry.waiter else {
+                entries[key] = nil
+                continue
+            }
+            if shuttingDown {
+                entries[key] = nil
+                actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered("the legacy gateway client shut down before the gateway's quiet period ended (it may have been delivered)")))
+                continue
+            }
+            if countsAsResend {
+                entry.resends += 1
+                if entry.resends > configuration.maximumResends {
+                    entries[key] = nil
+                    let why: String
+                    if let response, !configuration.identifiesNotifications {
+                        why = "the gateway answered status \(response.status) but the simple format carries no identifier to say which notification failed; gave up after \(configuration.maximumResends) re-sends"
+                    } else {
+                        why = "the gateway connection closed before the quiet period ended \(entry.resends) times (it may have been delivered)"
+                    }
+                    actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered(why)))
+                    continue
+                }
+            }
+            entries[key] = entry
+            again.append(key)
+        }
+        actions.resent += again.count
+        pending.insert(contentsOf: again, at: 0)
+    }
+
+    /// Asks for a write pass on a connection with room when work is queued and none is asked yet.
+    private mutating func scheduleDrains(_ actions: inout Actions) {
+        guard !pending.isEmpty else { return }
+        if connections.values.contains(where: { $0.drainScheduled && !$0.closing && $0.window.count < configuration.windowSize }) { return }
+        let candidate = connections
+            .filter { !$0.value.closing && !$0.value.drainScheduled && $0.value.window.count < configuration.windowSize }
+            .min { ($0.value.window.count, $0.key) < ($1.value.window.count, $1.key) }
+        guard let (id, _) = candidate else { return }
+        connections[id]?.drainScheduled = true
+        actions.drains.append(id)
+    }
+}

@@ -1,0 +1,23 @@
+import APNsCore
+
+/// Sends each notification through its app's transport: the legacy binary sender for apps
+/// configured with `transport: binary`, the other sender (HTTP/2) for the rest.
+public struct RoutingSender: NotificationSender {
+    /// Names of the apps that use the binary interface.
+    public let binaryApps: Set<String>
+    public let binary: any NotificationSender
+    public let other: any NotificationSender
+
+    public init(apps: [AppConfiguration], binary: any NotificationSender, other: any NotificationSender) {
+        self.binaryApps = Set(apps.filter { $0.transport == .binary }.map(\.name))
+        self.binary = binary
+        self.other = other
+    }
+
+    public func send(_ notification: OutgoingNotification) async -> SendResult {
+        if binaryApps.contains(notification.app) {
+            return await binary.send(notification)
+        }
+        return await other.send(notification)
+    }
+}

@@ -1,0 +1,95 @@
+import APNsCore
+import APNsLegacyClient
+import APNsSimulator
+import Testing
+
+@Suite("Legacy feedback client", .timeLimit(.minutes(1)))
+struct FeedbackClientTests {
+    /// Tuples for `count` tokens, oldest first (the simulator sends them in that order).
+    static func tuples(_ count: Int) -> [FeedbackTuple] {
+        (0..<count).map { FeedbackTuple(timestamp: 1_767_225_600 + UInt32($0), token: Fixture.token($0)) }
+    }
+
+    @Test("reads every tuple the simulator's feedback service coalesces into one write", arguments: [false, true])
+    func coalesced(tls: Bool) async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        let expected = Self.tuples(40)
+        let services = try await startLegacyServices(credentials) { configuration in
+            configuration.unregisteredTokens = Dictionary(uniqueKeysWithValues: expected.map { (Fixture.hex($0.token), Int64($0.timestamp) * 1000) })
+        }
+        defer { services.shutdown() }
+        let port = try #require(services.port(tls ? .feedbackTLS : .feedbackPlain))
+        let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: port, tls: tls), certificate: tls ? credentials.certificate : nil, logger: Fixture.logger)
+        let tuples = try await client.fetch(timeout: .seconds(5))
+        #expect(tuples == expected)
+        #expect(services.counts.feedbackTuplesSent == 40)
+        // The service closes after sending; a second poll reads the same list again.
+        #expect(try await client.fetch(timeout: .seconds(5)).count == 40)
+    }
+
+    @Test("reads tuples split at every possible place: byte by byte and in odd chunks")
+    func split() async throws {
+        let expected = Self.tuples(10)
+        let bytes = expected.flatMap { $0.encoded() }
+        for sizes in [[1], [3, 7, 2, 38, 5, 11, 1], [37, 39]] {
+            let server = try await ChunkedFeedbackServer.start(bytes: bytes, chunkSizes: sizes)
+            let client = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: server.port, tls: false), certificate: nil, logger: Fixture.logger)
+            let tuples = try await client.fetch(timeout: .seconds(5))
+            await server.stop()
+            #expect(tuples == expected, "chunk sizes \(sizes)")
+        }
+    }
+
+    @Test("a stream cut inside a tuple keeps the whole tuples before it (the service will not send them again)")
+    func cutStream() async throws {
+        let expected = Self.tuples(3)
+        let bytes = expected.flatMap { $0.encoded() }
+        let server = try await ChunkedFeedbackServer.start(bytes: Array(bytes.dropLast(10)), chunkSizes: [16])
+        let client = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: server.port, tls: false), certificate: nil, logger: Fixture.logger)
+        let tuples = try await client.fetch(timeout: .seconds(5))
+        await server.stop()
+        #expect(tuples == Array(expected.prefix(2)))
+    }
+
+    @Test("an empty feedback list is an empty answer")
+    func empty() async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        let services = try await startLegacyServices(credentials)
+        defer { services.shutdown() }
+        let port = try #require(services.port(.feedbackTLS))
+        let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: port, tls: true), certificate: credentials.certificate, logger: Fixture.logger)
+        #expect(try await client.fetch(timeout: .seconds(5)).isEmpty)
+    }
+
+    @Test("failures name the endpoint and what failed")
+    func failures() async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        let services = try await startLegacyServices(credentials)
+        let tlsPort = try #require(services.port(.feedbackTLS))
+        let plainPort = try #require(services.port(.feedbackPlain))
+
+        // Without a client certificate the TLS service refuses the handshake.
+        let anonymous = LegacyFeedbackClient(endpoint: credentials.endpoint(port: tlsPort, tls: true), certificate: nil, logger: Fixture.logger)
+        let refused = await #expect(throws: LegacyClientError.self) { try await anonymous.fetch(timeout: .seconds(5)) }
+        #expect(refused?.message.contains("127.0.0.1:\(tlsPort)") == true)
+
+        // A missing certificate file is a credentials error naming the file.
+        let missing = LegacyFeedbackClient(
+            endpoint: credentials.endpoint(port: tlsPort, tls: true),
+            certificate: .pem(certificateFile: credentials.path("nope.pem"), privateKeyFile: credentials.path("nope-key.pem"), password: nil),
+            logger: Fixture.logger
+        )
+        let unreadable = await #expect(throws: LegacyClientError.self) { try await missing.fetch(timeout: .seconds(5)) }
+        #expect(unreadable?.code == .credentials)
+        #expect(unreadable?.message.contains("nope.pem") == true)
+
+        await services.stop()
+        let gone = LegacyFeedbackClient(endpoint: credentials.endpoint(port: plainPort, tls: false), certificate: nil, logger: Fixture.logger)
+        let notListening = await #expect(throws: LegacyClientError.self) { try await gone.fetch(timeout: .seconds(5)) }
+        #expect(notListening?.code == .connect)
+        #expect(notListening?.message.contains("127.0.0.1:\(plainPort)") == true)
+    }
+}

@@ -1,0 +1,198 @@
+import APNsCore
+import Testing
+
+@testable import APNsLegacyClient
+
+/// The gateway bookkeeping on its own: no sockets, time passed in by hand.
+@Suite("Legacy gateway state machine", .timeLimit(.minutes(1)))
+struct GatewayStateMachineTests {
+    typealias Machine = GatewayStateMachine<Int>
+
+    let start = ContinuousClock.now
+
+    func machine(window: Int = 100, resends: Int = 2, identifies: Bool = true) -> Machine {
+        Machine(configuration: .init(windowSize: window, quietPeriod: .seconds(1), maximumResends: resends, identifiesNotifications: identifies))
+    }
+
+    /// Enqueues waiters `range` (waiter n carries identifier n) and returns the identifiers.
+    @discardableResult
+    func enqueue(_ machine: inout Machine, _ range: ClosedRange<Int>) -> [UInt32] {
+        range.map { waiter in
+            let identifier = machine.takeIdentifier()
+            _ = machine.enqueue(identifier: identifier, bytes: [UInt8(waiter & 0xFF)], deadline: start + .seconds(10), waiter: waiter)
+            return identifier
+        }
+    }
+
+    func verdicts(_ actions: Machine.Actions) -> [Int: LegacyGatewayVerdict] {
+        Dictionary(uniqueKeysWithValues: actions.resumes.map { ($0.waiter, $0.verdict) })
+    }
+
+    @Test("an error-response settles the window: before it accepted, it rejected, after it re-sent on the next connection")
+    func errorInTheMiddle() {
+        var machine = machine()
+        let identifiers = enqueue(&machine, 1...10)
+        #expect(identifiers == Array(1...10))
+        let activated = machine.connectionActive(1)
+        #expect(activated.drains == [1])
+        let pass = machine.drain(1)
+        #expect(pass.writes.count == 10)
+        machine.written(1, count: 10, now: start)
+
+        let actions = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 4), now: start + .milliseconds(10))
+        let got = verdicts(actions)
+        #expect(got.count == 4)
+        #expect((1...3).allSatisfy { got[$0] == .accepted })
+        #expect(got[4] == .rejected(.invalidToken))
+        #expect(actions.resent == 6)
+        #expect(Array(machine.pending) == [5, 6, 7, 8, 9, 10], "re-sent in their original order")
+        #expect(actions.drains.isEmpty, "the connection is closing; nothing else to write to")
+
+        _ = machine.connectionClosed(1, now: start + .milliseconds(20))
+        let next = machine.connectionActive(2)
+        #expect(next.drains == [2])
+        let again = machine.drain(2)
+        #expect(again.writes == (5...10).map { [UInt8($0)] })
+        machine.written(2, count: 6, now: start + .milliseconds(30))
+        let quiet = machine.tick(now: start + .milliseconds(1030))
+        #expect(verdicts(quiet) == Dictionary(uniqueKeysWithValues: (5...10).map { ($0, LegacyGatewayVerdict.accepted) }))
+        #expect(machine.isIdle)
+    }
+
+    @Test("the quiet period counts from when the bytes reached the socket")
+    func quietPeriod() {
+        var machine = machine()
+        enqueue(&machine, 1...2)
+        _ = machine.connectionActive(1)
+        _ = machine.drain(1)
+        #expect(machine.tick(now: start + .seconds(5)).resumes.isEmpty, "not yet written to the socket")
+        machine.written(1, count: 1, now: start + .seconds(5))
+        machine.written(1, count: 1, now: start + .milliseconds(5500))
+        #expect(machine.tick(now: start + .milliseconds(5999)).resumes.isEmpty)
+        #expect(verdicts(machine.tick(now: start + .seconds(6))) == [1: .accepted])
+        #expect(verdicts(machine.tick(now: start + .milliseconds(6500))) == [2: .accepted])
+    }
+
+    @Test("a close without an error-response re-sends what did not pass its quiet period, a bounded number of times")
+    func closeWithoutErrorResponse() {
+        var machine = machine(resends: 1)
+        enqueue(&machine, 1...3)
+        _ = machine.connectionActive(1)
+        _ = machine.drain(1)
+        machine.written(1, count: 1, now: start)
+        machine.written(1, count: 2, now: start + .milliseconds(600))
+        let closed = machine.connectionClosed(1, now: start + .seconds(1))
+        #expect(verdicts(closed) == [1: .accepted], "1 outlived its quiet period")
+        #expect(Array(machine.pending) == [2, 3])
+
+        _ = machine.connectionActive(2)
+        _ = machine.drain(2)
+        let closedAgain = machine.connectionClosed(2, now: start + .seconds(2))
+        let got = verdicts(closedAgain)
+        #expect(got.count == 2)
+        for waiter in [2, 3] {
+            guard case .notAnswered(let why)? = got[waiter] else {
+                Issue.record("waiter \(waiter): \(String(describing: got[waiter]))")
+                continue
+            }
+            #expect(why.contains("closed before the quiet period ended 2 times"))
+        }
+        #expect(machine.isIdle)
+    }
+
+    @Test("an error-response naming nothing in the window re-sends the whole window")
+    func unattributed() {
+        var machine = machine()
+        enqueue(&machine, 1...3)
+        _ = machine.connectionActive(1)
+        _ = machine.drain(1)
+        let actions = machine.errorResponse(1, LegacyErrorResponse(status: .processingError, identifier: 999), now: start)
+        #expect(actions.resumes.isEmpty)
+        #expect(actions.unattributed == LegacyErrorResponse(status: .processingError, identifier: 999))
+        #expect(Array(machine.pending) == [1, 2, 3])
+    }
+
+    @Test("the simple format can only blame a notification when it was alone in the window")
+    func simpleFormat() {
+        var machine = machine(identifies: false)
+        enqueue(&machine, 1...1)
+        _ = machine.connectionActive(1)
+        _ = machine.drain(1)
+        let alone = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 0), now: start)
+        #expect(verdicts(alone) == [1: .rejected(.invalidToken)])
+
+        var crowded = self.machine(resends: 0, identifies: false)
+        enqueue(&crowded, 1...2)
+        _ = crowded.connectionActive(1)
+        _ = crowded.drain(1)
+        let got = verdicts(crowded.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 0), now: start))
+        guard case .notAnswered(let why)? = got[1] else {
+            Issue.record("\(got)")
+            return
+        }
+        #expect(why.contains("simple format carries no identifier"))
+    }
+
+    @Test("the window bounds what is written; the rest waits for room")
+    func windowBound() {
+        var machine = machine(window: 2)
+        enqueue(&machine, 1...5)
+        _ = machine.connectionActive(1)
+        #expect(machine.drain(1).writes.count == 2)
+        #expect(machine.pending.count == 3)
+        machine.written(1, count: 2, now: start)
+        let tick = machine.tick(now: start + .seconds(1))
+        #expect(tick.resumes.count == 2)
+        #expect(tick.drains == [1], "room again: another write pass")
+        #expect(machine.drain(1).writes.count == 2)
+    }
+
+    @Test("deadlines: queued notifications are answered unsent; written ones keep their place in the window")
+    func deadlines() {
+        var machine = machine()
+        let identifier = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: identifier, bytes: [1], deadline: start + .milliseconds(100), waiter: 1)
+        let expired = verdicts(machine.tick(now: start + .milliseconds(100)))
+        guard case .notAnswered(let why)? = expired[1] else {
+            Issue.record("\(expired)")
+            return
+        }
+        #expect(why.contains("no connection"))
+        #expect(machine.isIdle)
+
+        let second = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: second, bytes: [2], deadline: start + .milliseconds(100), waiter: 2)
+        let third = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: third, bytes: [3], deadline: start + .seconds(10), waiter: 3)
+        _ = machine.connectionActive(1)
+        _ = machine.drain(1)
+        machine.written(1, count: 2, now: start)
+        #expect(machine.tick(now: start + .milliseconds(200)).resumes.map(\.waiter) == [2])
+        // The gateway then names the third: the second (already answered) counted as passed.
+        let actions = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: third), now: start + .milliseconds(300))
+        #expect(verdicts(actions) == [3: .rejected(.invalidToken)])
+    }
+
+    @Test("shutdown answers what was never written and takes nothing new")
+    func shutdown() {
+        var machine = machine()
+        enqueue(&machine, 1...2)
+        let actions = machine.shutdown()
+        #expect(actions.resumes.map(\.waiter).sorted() == [1, 2])
+        let late = machine.enqueue(identifier: machine.takeIdentifier(), bytes: [3], deadline: start + .seconds(1), waiter: 3)
+        #expect(late.resumes.map(\.waiter) == [3])
+    }
+
+    @Test("legacy statuses map to the HTTP/2 API's status and reason")
+    func mapping() {
+        #expect(LegacyGatewayVerdict.accepted.attemptResult == .answered(status: 200, reason: nil))
+        #expect(LegacyGatewayVerdict.rejected(.invalidToken).attemptResult == .answered(status: 400, reason: .badDeviceToken))
+        #expect(LegacyGatewayVerdict.refused(.invalidPayloadSize, detail: "x").attemptResult == .answered(status: 413, reason: .payloadTooLarge))
+        #expect(LegacyGatewayVerdict.rejected(.processingError).attemptResult == .answered(status: 500, reason: APNsReason(rawValue: "ProcessingError")))
+        #expect(LegacyGatewayVerdict.rejected(.invalidTokenSize).attemptResult == .answered(status: 400, reason: APNsReason(rawValue: "InvalidTokenSize")))
+        #expect(LegacyGatewayVerdict.rejected(.unknown).attemptResult == .answered(status: 500, reason: APNsReason(rawValue: "Unknown")))
+        let policy = DeliveryPolicy()
+        let decision = policy.after(attempt: 1, result: LegacyGatewayVerdict.rejected(.invalidToken).attemptResult, now: UnixMillis(0), deadline: nil, expiration: nil, jitter: 0)
+        #expect(decision == .finish(.rejected, status: 400, reason: "BadDeviceToken"))
+    }
+}
