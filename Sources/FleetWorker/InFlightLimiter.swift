@@ -1,21 +1,32 @@
 import DequeModule
+import Metrics
 import Synchronization
 
 /// Bounds the notifications a worker has in flight. `acquire` suspends while the bound is
-/// reached, which stops the consume loop from pulling more records: the consumer's bounded
-/// buffer then fills and it pauses its partitions (back-pressure all the way to Kafka).
+/// reached, which stops the consume loop from pulling more records.
+///
+/// Before that, crossing the high watermark calls `onPressure(.pause)` (the worker pauses its
+/// partitions, so the consumer stops fetching rather than filling its buffer), and falling to
+/// the low watermark calls `onPressure(.resume)`. The callback runs under the limiter's lock, so
+/// transitions reach it in order; it must not call back into the limiter.
 final class InFlightLimiter: Sendable {
+    typealias PressureHandler = @Sendable (_ action: WatermarkGate.Action, _ inUse: Int) -> Void
+
     private struct State {
         var available: Int
+        var gate: WatermarkGate
         var waiters: Deque<(count: Int, continuation: CheckedContinuation<Void, Never>)> = []
     }
 
     let capacity: Int
     private let state: Mutex<State>
+    private let onPressure: PressureHandler?
+    private let gauge = Gauge(label: "apns.worker.in_flight")
 
-    init(capacity: Int) {
+    init(capacity: Int, onPressure: PressureHandler? = nil) {
         self.capacity = max(1, capacity)
-        self.state = Mutex(State(available: max(1, capacity)))
+        self.state = Mutex(State(available: max(1, capacity), gate: WatermarkGate(capacity: max(1, capacity))))
+        self.onPressure = onPressure
     }
 
     /// Takes `count` slots (at most the capacity, so a job larger than the bound still runs alone).
@@ -25,6 +36,7 @@ final class InFlightLimiter: Sendable {
             let ready = state.withLock { state -> Bool in
                 if state.waiters.isEmpty, state.available >= wanted {
                     state.available -= wanted
+                    changed(&state)
                     return true
                 }
                 state.waiters.append((wanted, continuation))
@@ -44,10 +56,18 @@ final class InFlightLimiter: Sendable {
                 ready.append(first.continuation)
                 state.waiters.removeFirst()
             }
+            changed(&state)
             return ready
         }
         for continuation in ready { continuation.resume() }
     }
 
     var inUse: Int { state.withLock { capacity - $0.available } }
+
+    /// Under the lock: publish the count and run the watermark check.
+    private func changed(_ state: inout State) {
+        let inUse = capacity - state.available
+        gauge.record(inUse)
+        if let action = state.gate.update(inUse: inUse) { onPressure?(action, inUse) }
+    }
 }

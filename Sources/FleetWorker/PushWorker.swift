@@ -12,6 +12,10 @@ import Synchronization
 /// A record is marked finished — which lets the consumer store its offset once every earlier
 /// record of its partition is finished too — only after all of its results (and its DLQ or
 /// retry record) have been acknowledged by the Kafka producer. That is the at-least-once rule.
+///
+/// Back-pressure: above the high watermark of the in-flight bound the worker pauses the
+/// consumer's partitions (it keeps polling) and resumes them below the low watermark. A retry
+/// record whose `not-before` is still ahead waits outside the bound, with its partition paused.
 public final class PushWorker: Service, Sendable {
     public struct Configuration: Sendable {
         public var fleet: FleetConfiguration
@@ -33,6 +37,8 @@ public final class PushWorker: Service, Sendable {
     private let intake: JobIntake
     private let policy: DeliveryPolicy
     private let limiter: InFlightLimiter
+    private let pauses: PartitionPauses
+    private let retryWaits = RetryWaits()
     private let logger: Logger
     private let now: @Sendable () -> UnixMillis
     private let outcomeCounters = OutcomeCounters()
@@ -43,6 +49,7 @@ public final class PushWorker: Service, Sendable {
         producer: KafkaProducer,
         sender: any NotificationSender,
         logger: Logger,
+        revocations: RevocationForwarder? = nil,
         now: @escaping @Sendable () -> UnixMillis = { UnixMillis(Int64(Date().timeIntervalSince1970 * 1000)) }
     ) {
         self.configuration = configuration
@@ -51,18 +58,42 @@ public final class PushWorker: Service, Sendable {
         self.sender = sender
         self.intake = JobIntake(configuration: configuration.fleet, workerID: configuration.workerID)
         self.policy = DeliveryPolicy(retry: configuration.fleet.retry)
-        self.limiter = InFlightLimiter(capacity: configuration.maxInFlight)
+        let pauses = PartitionPauses(consumer: consumer, logger: logger)
+        self.pauses = pauses
+        self.limiter = InFlightLimiter(capacity: configuration.maxInFlight) { action, inUse in
+            pauses.backPressure(action, inUse: inUse)
+        }
         self.logger = logger
         self.now = now
+        revocations?.attach(self)
     }
 
     /// Notifications currently in flight.
     public var inFlight: Int { limiter.inUse }
 
+    /// Whether the partitions are paused because work in flight is above the high watermark.
+    public var isBackPressured: Bool { pauses.isBackPressured }
+
+    /// Retry records waiting for their `not-before`.
+    public var waitingRetries: Int { retryWaits.count }
+
+    /// Partitions are being revoked (or the consumer is closing): retry records of theirs still
+    /// waiting for `not-before` are handed back to the retry topic now instead of holding up the
+    /// drain. Pass ``RevocationForwarder/handler`` as the consumer's `onRevoke` to get this.
+    public func partitionsRevoked(_ partitions: [TopicPartition]) async {
+        retryWaits.handBack(partitions)
+    }
+
     public func run() async throws {
         try await withThrowingDiscardingTaskGroup { group in
             for try await batch in consumer.batches {
                 for record in batch {
+                    // A retry record that is not due yet waits without a slot (its partition
+                    // paused meanwhile): it must not hold up work of other partitions.
+                    if let wait = notDueFor(record) {
+                        group.addTask { await self.processWhenDue(record, waitMilliseconds: wait) }
+                        continue
+                    }
                     let weight = Self.weight(of: record)
                     await limiter.acquire(weight)
                     group.addTask {
@@ -106,13 +137,55 @@ public final class PushWorker: Service, Sendable {
         return max(1, quotes / 2)
     }
 
+    // MARK: - Retry records not due yet
+
+    /// How long a record must wait for its `not-before`, if it has one in the future. Cheap:
+    /// only headers are read, and first records of `apns.jobs` have no `attempt` header.
+    private func notDueFor(_ record: KafkaRecord) -> Int64? {
+        guard record.headers.contains(where: { $0.key == RetryHeaders.attemptKey }),
+            let retry = try? RetryHeaders(headers: record.headers)
+        else { return nil }
+        let wait = retry.notBefore.value - now().value
+        return wait > 0 ? wait : nil
+    }
+
+    private func processWhenDue(_ record: KafkaRecord, waitMilliseconds: Int64) async {
+        let partition = record.topicPartition
+        pauses.startWaiting(partition)
+        let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds)
+        pauses.stopWaiting(partition)
+        switch wake {
+        case .due:
+            let weight = Self.weight(of: record)
+            await limiter.acquire(weight)
+            await process(record)
+            limiter.release(weight)
+        case .handBack:
+            // Unchanged, headers included: whoever consumes the copy waits out the rest of the
+            // delay. The original is finished only once the copy is acknowledged.
+            logger.debug("retry record handed back to the retry topic", metadata: [
+                "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
+            ])
+            let copy = KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: record.headers)
+            guard await publish([copy]) else { return }
+            consumer.markFinished(record)
+        case .cancelled:
+            // Left unfinished: the record is redelivered to whoever owns the partition next.
+            return
+        }
+    }
+
     // MARK: - One record
 
     func process(_ record: KafkaRecord) async {
         let source = SourcePosition(topic: record.topic, partition: record.partition, offset: record.offset)
         switch intake.accept(value: record.value, headers: record.headers, source: source, now: now()) {
         case .rejected(let rejected):
-            logger.info("job is invalid", metadata: [
+            // A producer sends jobs that can never be sent: worth a warning, without tokens in full.
+            logger.warning("job is invalid; sent to the DLQ", metadata: [
+                "job.id": "\(rejected.results.first?.jobID ?? "")",
+                "apns.token": "\(Self.shortToken(rejected.results.first?.token ?? ""))",
+                "job.tokens": "\(rejected.results.count)",
                 "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
                 "job.reason": "\(rejected.rejection.reason)",
             ])
@@ -131,10 +204,7 @@ public final class PushWorker: Service, Sendable {
     }
 
     private func deliver(_ job: AcceptedJob, record: KafkaRecord) async {
-        if let notBefore = job.notBefore {
-            let wait = notBefore.value - now().value
-            if wait > 0 { try? await Task.sleep(for: .milliseconds(wait)) }
-        }
+        // A retry record's `not-before` was waited for before it took its slot (`processWhenDue`).
         let outcomes = await withTaskGroup(of: TokenOutcome.self, returning: [TokenOutcome].self) { group in
             for token in job.tokens {
                 group.addTask { await self.deliver(token: token, of: job) }
@@ -189,6 +259,7 @@ public final class PushWorker: Service, Sendable {
         var last: SendResult?
         while true {
             if case .finish(let outcome, let status, let reason)? = policy.beforeSending(now: now(), deadline: job.job.job.deadline, expiration: job.job.job.expiration) {
+                logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt)
                 return .finished(result(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt, latency: totalLatency, send: last))
             }
             attempt += 1
@@ -201,14 +272,38 @@ public final class PushWorker: Service, Sendable {
             )
             switch decision {
             case .finish(let outcome, let status, let reason):
+                logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt)
                 return .finished(result(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt, latency: totalLatency, send: sent))
-            case .retryInProcess(let delay, _):
+            case .retryInProcess(let delay, let lastReason):
+                logger.debug("retrying in process", metadata: [
+                    "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
+                    "apns.attempt": "\(attempt)", "apns.last_reason": "\(lastReason)", "apns.delay_ms": "\(delay)",
+                ])
                 // Only this device waits; the job's other tokens carry on.
                 try? await Task.sleep(for: .milliseconds(delay))
             case .retryLater(let notBefore, let lastReason):
+                logger.debug("retrying through the retry topic", metadata: [
+                    "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
+                    "apns.attempt": "\(attempt)", "apns.last_reason": "\(lastReason)", "apns.not_before": "\(notBefore.value)",
+                ])
                 return .later(token, RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason))
             }
         }
+    }
+
+    /// One line per finished notification: debug when APNs settled it, warning when the worker
+    /// gave up (retries exhausted, or past the deadline). Never the full token.
+    private func logFinished(_ job: AcceptedJob, token: DeviceToken, outcome: Outcome, status: Int?, reason: String?, attempts: Int) {
+        let level: Logger.Level = outcome == .failed || outcome == .expired ? .warning : .debug
+        logger.log(level: level, "notification \(outcome.rawValue)", metadata: [
+            "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
+            "apns.status": "\(status.map(String.init) ?? "none")", "apns.reason": "\(reason ?? "none")", "apns.attempts": "\(attempts)",
+        ])
+    }
+
+    /// A token for logs: the first 8 hex digits, enough to correlate and not enough to target a device.
+    static func shortToken(_ hex: String) -> String {
+        hex.isEmpty ? "" : hex.prefix(8) + "…"
     }
 
     private func result(

@@ -99,6 +99,10 @@ public final class KafkaConsumer: Service, Sendable {
     /// Undoes ``pauseAll()`` and every ``pause(_:)``.
     public func resumeAll() { core.setPauseAll(false) }
 
+    /// Undoes ``pauseAll()`` alone: partitions paused with ``pause(_:)`` stay paused. For callers
+    /// that pause all partitions for one reason and some partitions for another.
+    public func endPauseAll() { core.setPauseAll(false, keepingPartitionPauses: true) }
+
     /// The partitions currently assigned to this consumer.
     public var assignment: [TopicPartition] { core.assignedPartitions() }
 
@@ -319,10 +323,10 @@ final class ConsumerCore: @unchecked Sendable {
         }
     }
 
-    func setPauseAll(_ paused: Bool) {
+    func setPauseAll(_ paused: Bool, keepingPartitionPauses: Bool = false) {
         locked {
             pauseEverything = paused
-            if !paused { userPaused.removeAll() }
+            if !paused, !keepingPartitionPauses { userPaused.removeAll() }
             pauseDirty = true
         }
     }
@@ -650,6 +654,13 @@ final class ConsumerCore: @unchecked Sendable {
         let list = TopicPartitionList(capacity: offsets.count)
         for (partition, offset) in offsets { list.add(partition, offset: offset) }
         let error = rd_kafka_offsets_store(rk, list.pointer)
+        // Once per poll turn at most, not per record: a gauge per partition is affordable.
+        for (partition, offset, partitionError) in TopicPartitionList.read(list.pointer) where partitionError == RD_KAFKA_RESP_ERR_NO_ERROR {
+            Gauge(
+                label: "kafka.consumer.offset.stored",
+                dimensions: [("client", configuration.client.clientID), ("topic", partition.topic), ("partition", "\(partition.partition)")]
+            ).record(offset)
+        }
         if error != RD_KAFKA_RESP_ERR_NO_ERROR {
             // Per-partition errors (e.g. _STATE for a partition no longer assigned) are in the list.
             let failed = TopicPartitionList.read(list.pointer).filter { $0.2 != RD_KAFKA_RESP_ERR_NO_ERROR }

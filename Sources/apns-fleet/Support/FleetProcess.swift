@@ -33,26 +33,42 @@ struct FleetProcess {
     func run(_ services: [any Service]) async throws {
         var configuration = ServiceGroupConfiguration(
             services: services.map { .init(service: $0) },
-            gracefulShutdownSignals: [.sigterm, .sigint],
+            // Signals are handled below: the first drains, the second exits.
+            gracefulShutdownSignals: [],
             cancellationSignals: [],
             logger: logger
         )
         configuration.maximumGracefulShutdownDuration = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000)) + .seconds(15)
         configuration.maximumCancellationDuration = .seconds(5)
         let group = ServiceGroup(configuration: configuration)
+        // One handler for both signals, installed before the group runs so none is missed.
+        let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         let logger = self.logger
-        // The first signal drains (the service group handles it); a second one means "now".
-        let impatience = Task {
-            var seen = 0
-            for await signal in await UnixSignalsSequence(trapping: .sigterm, .sigint) {
-                seen += 1
-                if seen >= 2 {
-                    logger.warning("second \(signal) while draining: exiting now, without waiting for in-flight work")
-                    Foundation.exit(130)
+        try await withThrowingTaskGroup(of: Void.self) { tasks in
+            tasks.addTask {
+                var drainRequested = false
+                for await signal in signals {
+                    if !drainRequested {
+                        drainRequested = true
+                        logger.info("\(signal): draining; send it again to exit at once")
+                        await group.triggerGracefulShutdown()
+                    } else {
+                        Self.exitNow(signal: signal, logger: logger)
+                    }
                 }
             }
+            try await group.run()
+            tasks.cancelAll()
         }
-        defer { impatience.cancel() }
-        try await group.run()
+    }
+
+    /// The second signal: the operator wants the process gone, drain or not. Offsets stop at the
+    /// unfinished work, so the group redoes it (duplicates, never losses). `_exit` skips atexit
+    /// handlers and librdkafka's teardown, either of which could stall.
+    static func exitNow(signal: UnixSignal, logger: Logger) -> Never {
+        let status: Int32 = signal == .sigint ? 130 : 143
+        logger.warning("second \(signal) while draining: exiting now with status \(status); unfinished jobs will be redelivered")
+        fflush(nil)  // every stream, so the line above is not lost
+        _exit(status)
     }
 }

@@ -1,0 +1,234 @@
+import APNsCore
+import KafkaTransport
+import Logging
+import Metrics
+import Synchronization
+
+/// Back-pressure hysteresis: pause consuming when work in flight reaches the high watermark,
+/// resume once it has fallen to the low one. Pure, so the decision is tested without Kafka.
+struct WatermarkGate: Sendable, Hashable {
+    enum Action: Sendable, Hashable {
+        case pause
+        case resume
+    }
+
+    let high: Int
+    let low: Int
+    private(set) var paused = false
+
+    init(high: Int, low: Int) {
+        self.high = max(1, high)
+        self.low = max(0, min(low, self.high - 1))
+    }
+
+    /// High at 90% of the bound, low at half of it: the gap keeps a busy worker from pausing and
+    /// resuming on every completion.
+    init(capacity: Int) {
+        self.init(high: capacity * 9 / 10, low: capacity / 2)
+    }
+
+    /// The action to take now that `inUse` slots are taken, if the state changes.
+    mutating func update(inUse: Int) -> Action? {
+        if !paused, inUse >= high {
+            paused = true
+            return .pause
+        }
+        if paused, inUse <= low {
+            paused = false
+            return .resume
+        }
+        return nil
+    }
+}
+
+/// The worker's pauses of the consumer's partitions, for two reasons:
+/// - back-pressure: every partition, while work in flight is above the high watermark;
+/// - retry wait: one partition, while a retry record of it waits for its `not-before`.
+///
+/// Both go through here, under one lock, so that the consumer sees the calls in the order the
+/// decisions were made (a resume overtaking its pause would leave a partition paused for good).
+/// The consumer keeps polling while paused, so rebalances are still served.
+final class PartitionPauses: Sendable {
+    private struct State {
+        var backPressure = false
+        var waiting: [TopicPartition: Int] = [:]
+    }
+
+    private let consumer: KafkaConsumer
+    private let logger: Logger
+    private let state = Mutex(State())
+    private let backPressureGauge = Gauge(label: "apns.worker.partitions.paused", dimensions: [("reason", "back_pressure")])
+    private let retryWaitGauge = Gauge(label: "apns.worker.partitions.paused", dimensions: [("reason", "retry_wait")])
+
+    init(consumer: KafkaConsumer, logger: Logger) {
+        self.consumer = consumer
+        self.logger = logger
+        backPressureGauge.record(0)
+        retryWaitGauge.record(0)
+    }
+
+    /// Called by the in-flight limiter under its lock, so transitions arrive in order.
+    func backPressure(_ action: WatermarkGate.Action, inUse: Int) {
+        state.withLock { state in
+            switch action {
+            case .pause:
+                guard !state.backPressure else { return }
+                state.backPressure = true
+                consumer.pauseAll()
+                backPressureGauge.record(consumer.assignment.count)
+                logger.debug("work in flight above the high watermark; partitions paused", metadata: ["worker.in_flight": "\(inUse)"])
+            case .resume:
+                guard state.backPressure else { return }
+                state.backPressure = false
+                // Partitions waiting for a retry record stay paused.
+                consumer.endPauseAll()
+                backPressureGauge.record(0)
+                logger.debug("work in flight below the low watermark; partitions resumed", metadata: ["worker.in_flight": "\(inUse)"])
+            }
+        }
+    }
+
+    var isBackPressured: Bool { state.withLock { $0.backPressure } }
+
+    /// A record of `partition` starts waiting; the first one pauses the partition, so that no
+    /// more records pile up behind it.
+    func startWaiting(_ partition: TopicPartition) {
+        state.withLock { state in
+            state.waiting[partition, default: 0] += 1
+            if state.waiting[partition] == 1 {
+                consumer.pause([partition])
+                retryWaitGauge.record(state.waiting.count)
+            }
+        }
+    }
+
+    /// A record of `partition` stopped waiting; the last one resumes the partition.
+    func stopWaiting(_ partition: TopicPartition) {
+        state.withLock { state in
+            guard let count = state.waiting[partition] else { return }
+            if count > 1 {
+                state.waiting[partition] = count - 1
+                return
+            }
+            state.waiting.removeValue(forKey: partition)
+            consumer.resume([partition])
+            retryWaitGauge.record(state.waiting.count)
+        }
+    }
+}
+
+/// Retry records waiting for their `not-before`, outside the in-flight bound: a record that is
+/// not due yet takes no slot, so it cannot hold up the other partitions.
+///
+/// A waiting record wakes when it is due, or earlier when its partition is being revoked (or the
+/// consumer is closing): it is then handed back to the retry topic unchanged, so that the drain
+/// is not held up by a wait of up to a minute.
+final class RetryWaits: Sendable {
+    enum Wake: Sendable, Hashable {
+        /// Its time has come: send it.
+        case due
+        /// Its partition is going away: re-publish it unchanged, then finish it.
+        case handBack
+        /// The task was cancelled: leave the record unfinished; it is redelivered.
+        case cancelled
+    }
+
+    private struct Entry {
+        var partition: TopicPartition
+        var continuation: CheckedContinuation<Wake, Never>?
+        var wake: Wake?
+    }
+
+    private struct State {
+        var nextID: UInt64 = 0
+        var entries: [UInt64: Entry] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    /// Waits `milliseconds` unless woken earlier by ``handBack(_:)`` or cancellation.
+    func wait(partition: TopicPartition, milliseconds: Int64) async -> Wake {
+        let id = state.withLock { state -> UInt64 in
+            state.nextID &+= 1
+            state.entries[state.nextID] = Entry(partition: partition)
+            return state.nextID
+        }
+        return await withTaskGroup(of: Void.self, returning: Wake.self) { group in
+            group.addTask {
+                do {
+                    try await Task.sleep(for: .milliseconds(milliseconds))
+                    self.wake(id, .due)
+                } catch {
+                    // Cancelled by the group below once woken otherwise, or by the worker's own
+                    // cancellation: the first wake wins, so the former is harmless.
+                    self.wake(id, .cancelled)
+                }
+            }
+            let wake = await withCheckedContinuation { (continuation: CheckedContinuation<Wake, Never>) in
+                let ready = state.withLock { state -> Wake? in
+                    if let wake = state.entries[id]?.wake {
+                        state.entries.removeValue(forKey: id)
+                        return wake
+                    }
+                    state.entries[id]?.continuation = continuation
+                    return nil
+                }
+                if let ready { continuation.resume(returning: ready) }
+            }
+            group.cancelAll()
+            return wake
+        }
+    }
+
+    /// Wakes the records of `partitions` with ``Wake/handBack``.
+    func handBack(_ partitions: [TopicPartition]) {
+        let set = Set(partitions)
+        let ids = state.withLock { state in state.entries.filter { set.contains($0.value.partition) }.map(\.key) }
+        for id in ids { wake(id, .handBack) }
+    }
+
+    var count: Int { state.withLock { $0.entries.count } }
+
+    private func wake(_ id: UInt64, _ wake: Wake) {
+        let continuation = state.withLock { state -> CheckedContinuation<Wake, Never>? in
+            guard var entry = state.entries[id], entry.wake == nil else { return nil }
+            guard let continuation = entry.continuation else {
+                entry.wake = wake
+                state.entries[id] = entry
+                return nil
+            }
+            state.entries.removeValue(forKey: id)
+            return continuation
+        }
+        continuation?.resume(returning: wake)
+    }
+}
+
+/// Carries a consumer's revocations to the push worker built after it (the worker needs the
+/// consumer, and the consumer takes its revocation handler when it is made):
+///
+/// ```swift
+/// let revocations = RevocationForwarder()
+/// let consumer = try KafkaConsumer(configuration: …, logger: logger, onRevoke: revocations.handler)
+/// let worker = PushWorker(configuration: …, consumer: consumer, …, revocations: revocations)
+/// ```
+public final class RevocationForwarder: Sendable {
+    private struct Target {
+        weak var worker: PushWorker?
+    }
+
+    private let target = Mutex(Target())
+
+    public init() {}
+
+    public var handler: KafkaConsumer.RevocationHandler {
+        { partitions in
+            let worker = self.target.withLock { $0.worker }
+            await worker?.partitionsRevoked(partitions)
+        }
+    }
+
+    func attach(_ worker: PushWorker) {
+        target.withLock { $0.worker = worker }
+    }
+}

@@ -1,0 +1,71 @@
+import APNsCore
+import Synchronization
+import Testing
+
+@testable import FleetWorker
+
+/// The back-pressure decision and the in-flight bound, without Kafka.
+@Suite("Flow control")
+struct FlowControlTests {
+    @Test("pauses at the high watermark, stays paused down to the low one, then resumes once")
+    func hysteresis() {
+        var gate = WatermarkGate(capacity: 100)
+        #expect(gate.high == 90 && gate.low == 50)
+        var actions: [WatermarkGate.Action?] = []
+        for inUse in [10, 89, 90, 100, 95, 60, 51, 50, 49, 70, 89, 90] {
+            actions.append(gate.update(inUse: inUse))
+        }
+        #expect(actions == [nil, nil, .pause, nil, nil, nil, nil, .resume, nil, nil, nil, .pause])
+        #expect(gate.paused)
+    }
+
+    @Test("tiny bounds still have a low watermark below the high one")
+    func tinyBounds() {
+        var one = WatermarkGate(capacity: 1)
+        #expect(one.high == 1 && one.low == 0)
+        #expect(one.update(inUse: 1) == .pause)
+        #expect(one.update(inUse: 0) == .resume)
+        let odd = WatermarkGate(high: 5, low: 9)
+        #expect(odd.low < odd.high)
+    }
+
+    @Test("the limiter reports crossings in order, and only crossings")
+    func limiterReportsCrossings() async {
+        let seen = Mutex<[WatermarkGate.Action]>([])
+        let limiter = InFlightLimiter(capacity: 10) { action, _ in seen.withLock { $0.append(action) } }
+        for _ in 0..<8 { await limiter.acquire(1) }
+        #expect(seen.withLock { $0 }.isEmpty)
+        await limiter.acquire(1)  // 9 of 10: the high watermark
+        #expect(seen.withLock { $0 } == [.pause])
+        for _ in 0..<3 { limiter.release(1) }  // 6
+        #expect(seen.withLock { $0 } == [.pause])
+        limiter.release(1)  // 5: the low watermark
+        #expect(seen.withLock { $0 } == [.pause, .resume])
+        for _ in 0..<5 { limiter.release(1) }
+        #expect(limiter.inUse == 0)
+        await limiter.acquire(50)  // a job larger than the bound runs alone, at the bound
+        #expect(limiter.inUse == 10)
+        limiter.release(50)
+        #expect(seen.withLock { $0 } == [.pause, .resume, .pause, .resume])
+        #expect(limiter.inUse == 0)
+    }
+
+    @Test("a waiting retry record wakes when due, or at once when its partition is handed back")
+    func retryWaits() async {
+        let waits = RetryWaits()
+        let clock = ContinuousClock()
+        let started = clock.now
+        #expect(await waits.wait(partition: .init(topic: "r", partition: 0), milliseconds: 50) == .due)
+        #expect(clock.now - started >= .milliseconds(50))
+
+        let early = clock.now
+        async let woken = waits.wait(partition: .init(topic: "r", partition: 1), milliseconds: 60_000)
+        async let other = waits.wait(partition: .init(topic: "r", partition: 2), milliseconds: 100)
+        while waits.count < 2 { try? await Task.sleep(for: .milliseconds(5)) }
+        waits.handBack([.init(topic: "r", partition: 1)])
+        #expect(await woken == .handBack)
+        #expect(await other == .due)
+        #expect(clock.now - early < .seconds(10))
+        #expect(waits.count == 0)
+    }
+}

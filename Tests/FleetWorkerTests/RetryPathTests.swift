@@ -1,0 +1,367 @@
+import APNsClient
+import APNsCore
+import APNsSimulator
+import FleetTestSupport
+import FleetWorker
+import Foundation
+import KafkaTransport
+import Logging
+import Testing
+
+/// The retry path with every part real and in process: the simulator answers 503, 500 and 429,
+/// the worker retries in process, then through `apns.jobs.retry`, and each notification still
+/// ends with exactly one result.
+@Suite("Retry path", .timeLimit(.minutes(2)))
+struct RetryPathTests {
+    @Test("bursts of 503 and 500 are retried, in process and through the retry topic, until delivered")
+    func serverErrorsAreRetriedUntilDelivered() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        behaviour.serviceUnavailableRate = 0.3
+        behaviour.internalServerErrorRate = 0.1
+        // 12 attempts at 40% errors: a notification fails with odds of 2 in 100,000. Two attempts
+        // in process, so about one in six goes through the retry topic.
+        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 12, baseDelayMilliseconds: 20, maxDelayMilliseconds: 200)
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 50)
+
+        var expected: Set<String> = []
+        var jobs: [KafkaOutgoingMessage] = []
+        for index in 0..<40 {
+            let token = InProcessFleet.token(index)
+            jobs.append(fleet.job(#"{"id":"s\#(index)","token":"\#(token)","payload":{"aps":{"alert":"\#(index)"}}}"#))
+            expected.insert("s\(index)/\(token)")
+        }
+        let fanTokens = (100..<105).map(InProcessFleet.token)
+        jobs.append(fleet.job(#"{"id":"fan","tokens":[\#(fanTokens.map { "\"\($0)\"" }.joined(separator: ","))],"payload":{}}"#))
+        for token in fanTokens { expected.insert("fan/\(token)") }
+
+        let expectedCount = expected.count
+        let outcome = try await fleet.run(jobs) { results, _ in results.count >= expectedCount }
+
+        let results = outcome.results
+        #expect(Set(results.map { "\($0.jobID)/\($0.token)" }) == expected, "every notification has a result")
+        #expect(results.count == expected.count, "and only one")
+        for result in results {
+            #expect(result.outcome == .delivered && result.status == 200, "\(result.jobID): \(result.outcome) \(result.reason ?? "")")
+        }
+        let attempts = results.reduce(0) { $0 + $1.attempts }
+        #expect(attempts > expected.count, "some were retried")
+        #expect(results.contains { $0.attempts > retry.inProcessAttempts }, "some came back through the retry topic")
+
+        // Retry records carry what the next consumer needs.
+        #expect(!outcome.retries.isEmpty)
+        for record in outcome.retries {
+            let headers = try #require(try RetryHeaders(headers: record.headers))
+            #expect(headers.attempt >= retry.inProcessAttempts)
+            #expect(headers.notBefore.value > 1_700_000_000_000)
+            #expect(["ServiceUnavailable", "InternalServerError"].contains(headers.lastReason), "\(headers.lastReason)")
+            #expect(record.headers.text("job-id") != nil && record.headers.text("retry-tokens") != nil)
+        }
+        #expect(outcome.deadLetters.isEmpty)
+        #expect(outcome.offsetsAtEnd, "stored offsets reach the end of apns.jobs and apns.jobs.retry")
+    }
+
+    @Test("429 delays only that device; retries exhausted give failed; waiting retry records hold no slot")
+    func tooManyRequestsDelaysOnlyThatDevice() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        // One request per device in a window longer than the test: a device pushed twice gets 429.
+        behaviour.perDeviceLimit = 1
+        behaviour.perDeviceWindow = .seconds(60)
+        // A tiny budget: two attempts in process, the third from the retry topic, then `failed`.
+        // The retry records wait 2.5–5 s for their not-before.
+        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 3, baseDelayMilliseconds: 2500, maxDelayMilliseconds: 10_000)
+        // In-process backoff after the first 429 waits 1.25–2.5 s in its slot; that is by design.
+        let logs = Collected<CapturedLog>()
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 4, workerLogs: logs)
+
+        let hot = InProcessFleet.token(7)
+        var jobs: [KafkaOutgoingMessage] = []
+        for index in 0..<4 {
+            jobs.append(fleet.job(#"{"id":"hot-\#(index)","token":"\#(hot)","payload":{}}"#))
+        }
+        let cold = (200..<220).map(InProcessFleet.token)
+        let coldPublished = Shared<Int64?>(nil)
+        let outcome = try await fleet.run(jobs) { results, retries in
+            // Once the three throttled jobs wait in the retry topic, publish jobs for other devices:
+            // they must not wait behind them, though only four notifications may be in flight.
+            if retries.count >= 3, coldPublished.value == nil {
+                coldPublished.update { $0 = Int64(Date().timeIntervalSince1970 * 1000) }
+                for (index, token) in cold.enumerated() {
+                    try await fleet.publish(fleet.job(#"{"id":"cold-\#(index)","token":"\#(token)","payload":{}}"#))
+                }
+            }
+            return results.count >= 4 + cold.count
+        }
+
+        let results = outcome.results
+        #expect(results.count == 4 + cold.count, "one result per notification")
+        let hotResults = results.filter { $0.token == hot }
+        #expect(hotResults.filter { $0.outcome == .delivered }.count == 1, "the device's first push went through")
+        let failed = hotResults.filter { $0.outcome == .failed }
+        #expect(failed.count == 3)
+        for result in failed {
+            #expect(result.status == 429 && result.attempts == 3)
+            #expect(result.reason == "TooManyRequests (gave up after 3 attempts)")
+        }
+        for (index, token) in cold.enumerated() {
+            let result = results.first { $0.jobID == "cold-\(index)" }
+            #expect(result?.token == token && result?.outcome == .delivered && result?.attempts == 1, "cold-\(index)")
+        }
+
+        #expect(outcome.retries.count == 3, "one retry record per throttled job")
+        var earliestNotBefore = Int64.max
+        for record in outcome.retries {
+            let headers = try #require(try RetryHeaders(headers: record.headers))
+            #expect(headers.attempt == 2 && headers.lastReason == "TooManyRequests")
+            earliestNotBefore = min(earliestNotBefore, headers.notBefore.value)
+            #expect(record.headers.text("retry-tokens") == hot)
+        }
+        // The other devices were served while the retry records waited: their results were all
+        // sent before the first retry record was even due.
+        let lastCold = results.filter { $0.jobID.hasPrefix("cold-") }.map(\.sentAt.value).max() ?? .max
+        #expect(
+            lastCold < earliestNotBefore,
+            "cold jobs published at \(coldPublished.value ?? 0), their results done by \(lastCold), the first retry due at \(earliestNotBefore)"
+        )
+        #expect(outcome.offsetsAtEnd)
+
+        // Logs: a warning per notification given up on, with the job id and the token shortened;
+        // debug lines for the retries; the full token nowhere.
+        let captured = logs.items
+        let gaveUp = captured.filter { $0.level == .warning && $0.message == "notification failed" }
+        #expect(gaveUp.count == 3)
+        for log in gaveUp {
+            #expect(log.metadata["job.id"]?.hasPrefix("hot-") == true)
+            #expect(log.metadata["apns.token"] == String(hot.prefix(8)) + "…")
+        }
+        #expect(captured.contains { $0.level == .debug && $0.message == "retrying through the retry topic" })
+        #expect(!captured.contains { $0.text.contains(hot) || $0.text.contains(cold[0]) }, "a full token in the logs")
+        #expect(!captured.contains { $0.level >= .info && $0.message.hasPrefix("notification") && $0.metadata["apns.status"] == "200" }, "info stays quiet")
+    }
+}
+
+extension RetryPathTests {
+    @Test("a retry record waiting for its not-before is handed back at revocation instead of holding up the drain")
+    func waitingRetryIsHandedBackOnClose() async throws {
+        let fleet = try await InProcessFleet.start(behaviour: .init(), retry: RetryPolicy(), maxInFlight: 10)
+        let token = InProcessFleet.token(1)
+        let notBefore = Int64(Date().timeIntervalSince1970 * 1000) + 60_000
+        let headers = RetryHeaders(attempt: 1, notBefore: UnixMillis(notBefore), lastReason: "ServiceUnavailable").headers
+            + [RecordHeader("job-id", "later"), RecordHeader("retry-tokens", token)]
+        let record = KafkaOutgoingMessage(
+            topic: fleet.topics.retry, key: Array("later".utf8), value: Array(#"{"id":"later","token":"\#(token)","payload":{}}"#.utf8), headers: headers
+        )
+        let closedAt = Shared<ContinuousClock.Instant?>(nil)
+        let outcome = try await fleet.run([record]) { _, retries in
+            if closedAt.value == nil, fleet.worker.waitingRetries == 1 {
+                // The consumer closes: its final revocation drains, and the drain would wait up to
+                // its timeout (10 s) for a record due in a minute.
+                closedAt.update { $0 = .now }
+                fleet.consumer.close()
+            }
+            return retries.count >= 2 && fleet.consumer.assignment.isEmpty
+        }
+        let drained = try #require(closedAt.value).duration(to: .now)
+        #expect(drained < .seconds(5), "the drain took \(drained)")
+        #expect(outcome.results.isEmpty, "nothing was sent before its time")
+        #expect(outcome.retries.count == 2, "the record and its copy")
+        if let original = outcome.retries.first, let copy = outcome.retries.last {
+            #expect(copy.value == original.value)
+            #expect(copy.headers.map(\.key) == original.headers.map(\.key))
+            #expect(copy.headers.text("not-before") == String(notBefore) && copy.headers.text("attempt") == "1")
+        }
+    }
+}
+
+/// One log line, as the worker wrote it.
+struct CapturedLog: Sendable {
+    var level: Logger.Level
+    var message: String
+    var metadata: [String: String]
+    var text: String { "\(message) \(metadata.sorted { $0.key < $1.key })" }
+}
+
+/// Keeps every line in memory for the test to read.
+struct CapturingLogHandler: LogHandler {
+    let sink: Collected<CapturedLog>
+    var logLevel: Logger.Level = .debug
+    var metadata: Logger.Metadata = [:]
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        var all = metadata
+        all.merge(event.metadata ?? [:]) { $1 }
+        sink.append(CapturedLog(level: event.level, message: "\(event.message)", metadata: all.mapValues { "\($0)" }))
+    }
+}
+
+/// librdkafka's mock cluster, the simulator over TLS and a push worker, in this process; a
+/// reader collects results, retry records and DLQ records.
+final class InProcessFleet: Sendable {
+    struct Outcome {
+        var results: [NotificationResult]
+        var retries: [KafkaRecord]
+        var deadLetters: [KafkaRecord]
+        /// Whether the worker's stored offsets reached the end of every partition of the topics it consumes.
+        var offsetsAtEnd: Bool
+    }
+
+    let directory: String
+    let simulator: APNsSimulator
+    let cluster: MockKafkaCluster
+    let topics = TopicNames()
+    let clients: APNsClients
+    let consumer: KafkaConsumer
+    let producer: KafkaProducer
+    let worker: PushWorker
+    let reader: KafkaConsumer
+    let logger: Logger
+    /// The end of each input partition, from the delivery reports of what was published.
+    private let ends = Shared<[TopicPartition: Int64]>([:])
+
+    static func token(_ index: Int) -> String {
+        let digits = String(index)
+        return String(repeating: "a", count: 64 - digits.count) + digits
+    }
+
+    private init(
+        directory: String, simulator: APNsSimulator, cluster: MockKafkaCluster, clients: APNsClients,
+        consumer: KafkaConsumer, producer: KafkaProducer, worker: PushWorker, reader: KafkaConsumer, logger: Logger
+    ) {
+        self.directory = directory
+        self.simulator = simulator
+        self.cluster = cluster
+        self.clients = clients
+        self.consumer = consumer
+        self.producer = producer
+        self.worker = worker
+        self.reader = reader
+        self.logger = logger
+    }
+
+    static func start(
+        behaviour: APNsSimulatorConfiguration.Behaviour, retry: RetryPolicy, maxInFlight: Int, workerLogs: Collected<CapturedLog>? = nil
+    ) async throws -> InProcessFleet {
+        var logger = Logger(label: "retry-path-test")
+        logger.logLevel = .error
+        let directory = NSTemporaryDirectory() + "apns-fleet-retry-" + UUID().uuidString
+        let credentials = try DevCredentials.generate(topic: "com.example.app")
+        let summary = try credentials.write(to: directory)
+        var simulatorConfiguration = try credentials.simulatorConfiguration()
+        simulatorConfiguration.listeners.http2TLSPort = 0
+        simulatorConfiguration.behaviour = behaviour
+        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
+        let port = try #require(simulator.port(.http2TLS))
+
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        let topics = TopicNames()
+        try cluster.createTopic(topics.jobs, partitions: 4)
+        for topic in [topics.retry, topics.deadLetter, topics.results, topics.tokenEvents] {
+            try cluster.createTopic(topic, partitions: 2)
+        }
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+
+        let app = AppConfiguration(
+            name: "example",
+            authentication: .token(keyFile: (directory as NSString).appendingPathComponent(summary.signingKeyFile), keyID: summary.keyID, teamID: summary.teamID),
+            defaults: JobDefaults(topic: "com.example.app"),
+            endpoint: .custom(host: "127.0.0.1", port: port, caFile: (directory as NSString).appendingPathComponent(summary.caFile)),
+            connections: 1
+        )
+        let fleet = FleetConfiguration(apps: [app], retry: retry)
+        let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
+        var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
+        consumerConfiguration.sessionTimeout = .seconds(6)
+        let revocations = RevocationForwarder()
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler)
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        let worker = PushWorker(
+            configuration: .init(fleet: fleet, workerID: "w-retry", maxInFlight: maxInFlight),
+            consumer: consumer, producer: producer,
+            sender: APNsClientSender(clients: clients, requestTimeout: .seconds(10)),
+            logger: workerLogs.map { sink in Logger(label: "push-worker") { _ in CapturingLogHandler(sink: sink) } } ?? logger,
+            revocations: revocations
+        )
+        var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: [topics.results, topics.retry, topics.deadLetter])
+        readerConfiguration.sessionTimeout = .seconds(6)
+        let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
+        return InProcessFleet(
+            directory: directory, simulator: simulator, cluster: cluster, clients: clients,
+            consumer: consumer, producer: producer, worker: worker, reader: reader, logger: logger
+        )
+    }
+
+    func job(_ json: String) -> KafkaOutgoingMessage {
+        KafkaOutgoingMessage(topic: topics.jobs, key: nil, value: Array(json.utf8))
+    }
+
+    func publish(_ message: KafkaOutgoingMessage) async throws {
+        let report = try await producer.send(message)
+        ends.update { ends in
+            let partition = TopicPartition(topic: report.topic, partition: report.partition)
+            ends[partition] = max(ends[partition] ?? 0, report.offset + 1)
+        }
+    }
+
+    /// Publishes `jobs`, runs everything until `done` holds (checked every 50 ms with the
+    /// results and retry records so far; it may publish more), then stops it all.
+    func run(
+        _ jobs: [KafkaOutgoingMessage],
+        timeout: Double = 60,
+        until done: @escaping @Sendable ([NotificationResult], [KafkaRecord]) async throws -> Bool
+    ) async throws -> Outcome {
+        let results = Collected<NotificationResult>()
+        let retries = Collected<KafkaRecord>()
+        let deadLetters = Collected<KafkaRecord>()
+        let topics = self.topics
+        let reader = self.reader
+        var offsetsAtEnd = false
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await self.clients.run() }
+            group.addTask { try await self.producer.run() }
+            group.addTask { try await self.consumer.run() }
+            group.addTask { try await self.worker.run() }
+            group.addTask { try await reader.run() }
+            group.addTask {
+                for try await batch in reader.batches {
+                    for record in batch {
+                        switch record.topic {
+                        case topics.results: results.append(try NotificationResult(decoding: record.value))
+                        case topics.retry: retries.append(record)
+                        default: deadLetters.append(record)
+                        }
+                    }
+                    reader.markFinished(batch)
+                }
+            }
+            for job in jobs { try await publish(job) }
+
+            let deadline = ContinuousClock.now + .seconds(timeout)
+            while try await !done(results.items, retries.items), ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            // Let a duplicate or stray result arrive before judging, and offsets be stored.
+            try await Task.sleep(for: .milliseconds(500))
+            // Retry records are the worker's input too: their partitions must be stored to the end.
+            for record in retries.items {
+                ends.update { ends in
+                    let partition = record.topicPartition
+                    ends[partition] = max(ends[partition] ?? 0, record.offset + 1)
+                }
+            }
+            offsetsAtEnd = ends.value.allSatisfy { consumer.storedOffset($0.key) == $0.value }
+            consumer.close()
+            reader.close()
+            clients.shutdown()
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+        await simulator.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+        return Outcome(results: results.items, retries: retries.items, deadLetters: deadLetters.items, offsetsAtEnd: offsetsAtEnd)
+    }
+}
