@@ -229,6 +229,7 @@ public final class APNsClientPool: Service, Sendable {
                 for slot in 0..<configuration.connections {
                     group.addTask { await self.runSlot(slot) }
                 }
+                group.addTask { await self.sampleGauges() }
                 await self.waitForShutdownRequest()
                 await self.drainAndClose()
             }
@@ -316,6 +317,18 @@ public final class APNsClientPool: Service, Sendable {
             while !isShuttingDown, ContinuousClock.now < wakeUp {
                 try? await Task.sleep(for: min(.milliseconds(50), wakeUp - ContinuousClock.now))
             }
+        }
+    }
+
+    /// Streams in use and callers waiting change with every request; publishing them there would
+    /// cost the hot path a metrics update per stream; four samples a second are what a scrape sees.
+    private func sampleGauges() async {
+        while !isShuttingDown {
+            state.withLock { state in
+                publishGauges(state)
+                metrics.recordWaiting(state.assignment.waiterCount)
+            }
+            try? await Task.sleep(for: .milliseconds(250))
         }
     }
 
