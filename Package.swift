@@ -12,7 +12,7 @@
 //   APNsClient        APNs HTTP/2 client: long-lived connections, pools per app
 //   APNsSimulator     APNs simulator: HTTP/2 provider API, legacy gateway and feedback service
 //   APNsLegacyClient  the legacy binary interface: gateway connections, feedback reader
-//   FleetWorker       the worker services: push worker pipeline, admin endpoint
+//   FleetWorker       the worker services: push worker, feedback worker, admin endpoint
 //   FleetTestSupport  helpers for tests that start real processes
 //   apns-fleet        the one executable, a thin argument-parser front end
 
@@ -206,6 +206,7 @@ let package = Package(
             name: "APNsFleetCLI",
             dependencies: [
                 "FleetWorker",
+                "APNsLegacyClient",
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 "APNsSimulator",
                 "APNsClient",
@@ -278,6 +279,7 @@ let package = Package(
             name: "FleetWorkerTests",
             dependencies: [
                 "FleetWorker",
+                "APNsLegacyClient",
                 "FleetTestSupport",
                 "APNsClient",
                 "APNsSimulator",

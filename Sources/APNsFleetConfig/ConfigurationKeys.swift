@@ -64,8 +64,8 @@ public enum ConfigurationKeys {
         .init("app.<name>.ca-file", "path", "(system roots)", "CA that signs the custom host's certificate. TLS verification is never off."),
         .init("app.<name>.connections", "1-64", "2", "Long-lived HTTP/2 connections per worker for this app."),
         .init("app.<name>.protocol", "http2 | binary", "http2", "Transport: the HTTP/2 provider API, or the legacy binary interface (certificate auth)."),
-        .init("app.<name>.legacy-gateway", "host:port", "(by environment)", "Legacy binary gateway, for protocol binary."),
-        .init("app.<name>.legacy-feedback", "host:port", "(by environment)", "Legacy feedback service, polled by the feedback worker."),
+        .init("app.<name>.legacy-gateway", "host:port", "(by environment, certificate apps)", "Legacy binary gateway, for protocol binary."),
+        .init("app.<name>.legacy-feedback", "host:port", "(by environment, certificate apps)", "Legacy feedback service, polled by the feedback worker."),
         .init("app.<name>.legacy-tls", "bool", "true", "Whether the legacy endpoints use TLS (false only for local tests)."),
         // Worker
         .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field."),

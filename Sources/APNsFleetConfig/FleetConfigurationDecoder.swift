@@ -165,10 +165,14 @@ struct FleetConfigurationDecoder {
         }
         let legacyTLS = try bool(key("legacy-tls"), default: true)
         let legacyCA = try string(key("ca-file"))
+        // Apple's legacy endpoints take only certificates, so only certificate apps get them by
+        // default; a token app has a legacy endpoint only when one is set explicitly.
+        var usesCertificates = false
+        if case .certificate = authentication { usesCertificates = true }
         let gateway = try hostPort(key("legacy-gateway"), tls: legacyTLS, caFile: legacyCA)
-            ?? legacyDefault(endpoint, gateway: true, tls: legacyTLS)
+            ?? (usesCertificates ? legacyDefault(endpoint, gateway: true, tls: legacyTLS) : nil)
         let feedback = try hostPort(key("legacy-feedback"), tls: legacyTLS, caFile: legacyCA)
-            ?? legacyDefault(endpoint, gateway: false, tls: legacyTLS)
+            ?? (usesCertificates ? legacyDefault(endpoint, gateway: false, tls: legacyTLS) : nil)
 
         return AppConfiguration(
             name: appName,

@@ -53,7 +53,6 @@ public final class FeedbackWorker: Service, Sendable {
     private let publisher: ReliablePublisher
     private let services: [FeedbackService]
     private let logger: Logger
-    private let now: @Sendable () -> UnixMillis
     private let ledger: Mutex<InvalidationLedger>
     private let stopping = Atomic<Bool>(false)
     private let lastPolls = Mutex<[String: Bool]>([:])
@@ -67,15 +66,13 @@ public final class FeedbackWorker: Service, Sendable {
         consumer: KafkaConsumer,
         producer: KafkaProducer,
         feedbackServices: [FeedbackService],
-        logger: Logger,
-        now: @escaping @Sendable () -> UnixMillis = { UnixMillis(Int64(Date().timeIntervalSince1970 * 1000)) }
+        logger: Logger
     ) {
         self.configuration = configuration
         self.consumer = consumer
         self.publisher = ReliablePublisher(producer: producer, logger: logger)
         self.services = feedbackServices
         self.logger = logger
-        self.now = now
         self.ledger = Mutex(InvalidationLedger(capacity: configuration.ledgerCapacity))
     }
 
@@ -117,7 +114,8 @@ public final class FeedbackWorker: Service, Sendable {
                 ])
                 continue
             }
-            guard let event = TokenEvent(result: result, observedAt: now()) else { continue }
+            // Without APNs's 410 timestamp, the invalidation dates from APNs's answer, not from now.
+            guard let event = TokenEvent(result: result, observedAt: result.sentAt) else { continue }
             guard ledger.withLock({ $0.admit(event) }) else {
                 duplicates.increment()
                 continue

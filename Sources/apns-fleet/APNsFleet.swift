@@ -18,6 +18,7 @@ struct APNsFleet: AsyncParsableCommand {
         version: APNsFleetVersion.current,
         subcommands: [
             WorkerCommand.self,
+            FeedbackCommand.self,
             SimulatorCommand.self,
             DevCredentialsCommand.self,
             SendCommand.self,

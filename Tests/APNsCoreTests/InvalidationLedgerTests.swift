@@ -34,6 +34,14 @@ struct InvalidationLedgerTests {
         #expect(ledger.count == 2)
     }
 
+    @Test("a bad token stays bad: a later BadDeviceToken for the same key is a repeat")
+    func badTokenRepeats() {
+        var ledger = InvalidationLedger(capacity: 100)
+        let first = ledger.admit(Self.event("BadDeviceToken", at: 1000))
+        let later = ledger.admit(Self.event("BadDeviceToken", at: 5000))
+        #expect(first && !later)
+    }
+
     @Test("memory is bounded; the oldest key is forgotten first")
     func bounded() {
         var ledger = InvalidationLedger(capacity: 3)

@@ -12,7 +12,7 @@ public struct TokenEvent: Sendable, Hashable {
     public var app: String?
     public var reason: String
     /// Milliseconds since the epoch: APNs's 410 timestamp, the feedback tuple's time, or when
-    /// the rejection was seen.
+    /// APNs gave the rejecting answer (the result's `sent_at`).
     public var invalidatedAt: Int64
     public var source: Source
     public var jobID: String?

@@ -1,10 +1,12 @@
 /// Remembers which token invalidations have been published, so that duplicate results (the
 /// pipeline is at-least-once) do not repeat a token event.
 ///
-/// One invalidation is one (topic, token, reason) at one time. A repeat is the same reason for
-/// the same key at the same or an earlier time: a job redone after a crash meets the same dead
-/// token again, and APNs answers with the same 410 timestamp. A later 410 timestamp is a new
-/// invalidation (the token was registered again and died again), and so is another reason.
+/// A repeat is the same reason for the same key. Only 410 Unregistered carries a time of its own
+/// (APNs's timestamp of when the token stopped being valid): a job redone after a crash meets the
+/// same dead token and gets the same timestamp, so it is a repeat, while a later timestamp is a
+/// new invalidation (the token was registered again and died again). BadDeviceToken and
+/// DeviceTokenNotForTopic carry no such time: a token that is bad stays bad, so every repeat of
+/// the reason is a duplicate. Another reason is always news.
 ///
 /// Memory is bounded: past `capacity` keys the oldest is forgotten first. Forgetting costs at
 /// most one repeated event for that key, which the compacted topic absorbs.
@@ -31,7 +33,8 @@ public struct InvalidationLedger: Sendable {
     public mutating func admit(_ event: TokenEvent) -> Bool {
         let key = event.key
         if let known = entries[key] {
-            guard known.reason != event.reason || event.invalidatedAt > known.invalidatedAt else { return false }
+            let diedAgain = event.reason == APNsReason.unregistered.rawValue && event.invalidatedAt > known.invalidatedAt
+            guard known.reason != event.reason || diedAgain else { return false }
             entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
             return true
         }

@@ -1,0 +1,95 @@
+import APNsCore
+import APNsFleetConfig
+import APNsLegacyClient
+import ArgumentParser
+import FleetWorker
+import Foundation
+import KafkaTransport
+import Logging
+import Prometheus
+
+/// `apns-fleet feedback`: the feedback worker. Dead tokens from results and from the legacy
+/// feedback service become token events.
+struct FeedbackCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "feedback",
+        abstract: "Run the feedback worker: dead tokens → apns.token-events.",
+        discussion: """
+            Consumes apns.results in its own group (kafka.feedback-group-id) and publishes one \
+            token event, keyed <topic>/<token>, per invalidation: 410 Unregistered, BadDeviceToken \
+            and DeviceTokenNotForTopic. Duplicate results do not repeat an event. Every app with \
+            app.<name>.legacy-feedback set is also polled every feedback.poll-interval-seconds \
+            (certificate auth). Same configuration, admin endpoint and SIGTERM drain as the worker; \
+            give it its own admin.port when both run on one host.
+
+            Example:
+              apns-fleet feedback --config fleet.yaml --set admin.port=9465
+            """
+    )
+
+    @Option(help: "Configuration file (YAML or JSON).")
+    var config: String?
+
+    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key.", valueName: "key=value"))
+    var overrides: [String] = []
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error or critical.")
+    var logLevel: Logger.Level = .info
+
+    func run() async throws {
+        let process = try await FleetProcess(label: "apns-fleet.feedback", configFile: config, overrides: overrides, logLevel: logLevel, idPrefix: "feedback")
+        let fleet = process.fleet
+        let logger = process.logger
+        let kafka = KafkaClientConfiguration(settings: fleet.kafka, clientID: process.processID)
+        var consumerConfiguration = KafkaConsumerConfiguration(client: kafka, groupID: fleet.kafka.feedbackGroupID, topics: [fleet.topics.results])
+        consumerConfiguration.drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger)
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: kafka), logger: logger)
+        let services = try Self.feedbackServices(fleet, logger: logger)
+        let worker = FeedbackWorker(
+            configuration: .init(
+                topics: fleet.topics,
+                pollInterval: .milliseconds(Int64(fleet.feedback.pollIntervalSeconds * 1000)),
+                ledgerCapacity: fleet.feedback.ledgerCapacity
+            ),
+            consumer: consumer, producer: producer, feedbackServices: services, logger: logger
+        )
+        let registry = process.registry
+        let admin = AdminServer(
+            host: fleet.admin.host, port: fleet.admin.port, logger: logger,
+            metrics: { registry.emitToBuffer() },
+            readiness: {
+                if consumer.assignment.isEmpty { return .init(ready: false, detail: "no partitions assigned") }
+                return .init(ready: true, detail: "\(consumer.assignment.count) partitions, \(services.count) feedback services")
+            }
+        )
+        logger.info("feedback worker starting", metadata: [
+            "worker.id": "\(process.processID)", "kafka.group": "\(fleet.kafka.feedbackGroupID)",
+            "feedback.services": "\(services.map(\.app).joined(separator: ","))",
+        ])
+        try await process.run([producer, admin, worker, consumer])
+        logger.info("feedback worker stopped: events flushed, offsets stored, group left")
+        // As in the worker: do not wait for librdkafka's handle teardown once everything is done.
+        Foundation.exit(0)
+    }
+
+    /// A feedback service per app that configures one.
+    static func feedbackServices(_ fleet: FleetConfiguration, logger: Logger) throws -> [FeedbackWorker.FeedbackService] {
+        try fleet.apps.compactMap { app -> FeedbackWorker.FeedbackService? in
+            guard let endpoint = app.legacyFeedback else { return nil }
+            var certificate: AppConfiguration.CertificateSource?
+            if case .certificate(let source) = app.authentication { certificate = source }
+            // Over TLS the legacy service knows only certificate auth; a plain port (local tests) needs none.
+            if endpoint.tls, certificate == nil {
+                throw ConfigurationError(key: "app.\(app.name).legacy-feedback", "the legacy feedback service over TLS needs certificate auth (app.\(app.name).auth=certificate)")
+            }
+            guard let topic = app.defaults.topic ?? app.topics.first else {
+                throw ConfigurationError(key: "app.\(app.name).topic", "is required to key the feedback service's token events")
+            }
+            let client = LegacyFeedbackClient(endpoint: endpoint, certificate: certificate, logger: logger)
+            return FeedbackWorker.FeedbackService(app: app.name, topic: topic) { timeout in
+                try await client.fetch(timeout: timeout)
+            }
+        }
+    }
+}

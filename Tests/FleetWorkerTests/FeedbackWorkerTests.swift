@@ -1,0 +1,125 @@
+import APNsCore
+import APNsLegacyClient
+import APNsSimulator
+import FleetWorker
+import Foundation
+import KafkaTransport
+import Logging
+import Testing
+
+/// The feedback worker with real parts in process: the mock Kafka cluster, the simulator's
+/// legacy feedback service over TLS with a client certificate, and the worker itself.
+@Suite("Feedback worker", .timeLimit(.minutes(2)))
+struct FeedbackWorkerTests {
+    static func token(_ byte: UInt8) -> String { String(repeating: String(format: "%02x", byte), count: 32) }
+
+    static func result(_ job: String, _ token: String, _ outcome: Outcome, status: Int?, reason: String?, unregisteredAt: Int64? = nil) -> KafkaOutgoingMessage {
+        let result = NotificationResult(
+            jobID: job, token: token, topic: "com.example.app", app: "example", outcome: outcome, status: status, reason: reason,
+            unregisteredAt: unregisteredAt, attempts: 1, latencyMs: 3, sentAt: UnixMillis(1_767_225_600_000), worker: "w",
+            source: SourcePosition(topic: "apns.jobs", partition: 0, offset: 1)
+        )
+        return KafkaOutgoingMessage(topic: TopicNames().results, key: Array(token.utf8), value: result.encoded())
+    }
+
+    @Test("dead tokens from results and from the feedback service become one event per invalidation")
+    func tokenEvents() async throws {
+        var logger = Logger(label: "feedback-test")
+        logger.logLevel = .warning
+
+        // The legacy feedback service over TLS; it reports two tokens the app no longer serves.
+        let directory = NSTemporaryDirectory() + "apns-fleet-feedback-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let credentials = try DevCredentials.generate(topic: "com.example.legacy")
+        let summary = try credentials.write(to: directory)
+        func path(_ file: String) -> String { (directory as NSString).appendingPathComponent(file) }
+        var legacyConfiguration = LegacyServicesConfiguration()
+        legacyConfiguration.feedbackTLSPort = 0
+        legacyConfiguration.tls = try credentials.simulatorConfiguration().tls
+        legacyConfiguration.unregisteredTokens = [Self.token(0xF1): 1_767_000_000_000, Self.token(0xF2): 1_767_000_100_000]
+        let legacy = try await LegacyServices.start(legacyConfiguration, logger: logger, output: { _ in })
+        let feedbackPort = try #require(legacy.port(.feedbackTLS))
+
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        let topics = TopicNames()
+        try cluster.createTopic(topics.results, partitions: 3)
+        try cluster.createTopic(topics.tokenEvents, partitions: 2)
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+
+        var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "feedback", topics: [topics.results])
+        consumerConfiguration.sessionTimeout = .seconds(6)
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger)
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        let feedbackClient = LegacyFeedbackClient(
+            endpoint: LegacyEndpoint(host: "127.0.0.1", port: feedbackPort, tls: true, caFile: path(summary.caFile)),
+            certificate: .pem(certificateFile: path(summary.clientCertificateFile), privateKeyFile: path(summary.clientKeyFile), password: nil),
+            logger: logger
+        )
+        let worker = FeedbackWorker(
+            configuration: .init(topics: topics, pollInterval: .seconds(3600), ledgerCapacity: 10_000),
+            consumer: consumer, producer: producer,
+            feedbackServices: [.init(app: "legacy", topic: "com.example.legacy") { try await feedbackClient.fetch(timeout: $0) }],
+            logger: logger
+        )
+
+        let gone = Self.token(0xA1), bad = Self.token(0xB2), fine = Self.token(0xC3), wrongTopic = Self.token(0xD4)
+        let results = [
+            Self.result("j1", gone, .rejected, status: 410, reason: "Unregistered", unregisteredAt: 1_767_225_000_000),
+            Self.result("j1", gone, .rejected, status: 410, reason: "Unregistered", unregisteredAt: 1_767_225_000_000),  // at-least-once duplicate
+            Self.result("j2", bad, .rejected, status: 400, reason: "BadDeviceToken"),
+            Self.result("j3", fine, .delivered, status: 200, reason: nil),
+            Self.result("j4", wrongTopic, .rejected, status: 400, reason: "DeviceTokenNotForTopic"),
+            Self.result("j5", bad, .invalid, status: nil, reason: "BadDeviceToken"),  // never reached APNs: says nothing
+            Self.result("j6", fine, .rejected, status: 400, reason: "BadCollapseId"),  // rejected, but the token is fine
+            KafkaOutgoingMessage(topic: topics.results, key: nil, value: Array(#"{"outcome":"rejected" not json"#.utf8)),
+            Self.result("j7", gone, .rejected, status: 410, reason: "Unregistered", unregisteredAt: 1_767_225_900_000),  // died again later
+        ]
+
+        let events = Collected<TokenEvent>()
+        var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: [topics.tokenEvents])
+        readerConfiguration.sessionTimeout = .seconds(6)
+        let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await producer.run() }
+            group.addTask { try await consumer.run() }
+            group.addTask { try await worker.run() }
+            group.addTask { try await reader.run() }
+            group.addTask {
+                for try await batch in reader.batches {
+                    for record in batch {
+                        let event = try TokenEvent(decoding: record.value)
+                        #expect(record.key == Array(event.key.utf8), "keyed <topic>/<token>")
+                        events.append(event)
+                    }
+                    reader.markFinished(batch)
+                }
+            }
+            for message in results { try await producer.send(message) }
+            let deadline = ContinuousClock.now + .seconds(60)
+            while events.count < 6, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(100)) }
+            // A repeat would arrive soon after; give it the chance before judging.
+            try await Task.sleep(for: .milliseconds(800))
+            let storedBy = ContinuousClock.now + .seconds(20)
+            while consumer.inFlight > 0, ContinuousClock.now < storedBy { try await Task.sleep(for: .milliseconds(50)) }
+            #expect(consumer.inFlight == 0, "every result record was finished")
+            consumer.close()
+            reader.close()
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+        await legacy.stop()
+
+        let got = events.items.map { "\($0.source.rawValue) \($0.reason) \($0.topic)/\($0.token.prefix(4)) \($0.invalidatedAt)" }.sorted()
+        #expect(got == [
+            "feedback-service Unregistered com.example.legacy/f1f1 1767000000000",
+            "feedback-service Unregistered com.example.legacy/f2f2 1767000100000",
+            "http2 BadDeviceToken com.example.app/b2b2 1767225600000",
+            "http2 DeviceTokenNotForTopic com.example.app/d4d4 1767225600000",
+            "http2 Unregistered com.example.app/a1a1 1767225000000",
+            "http2 Unregistered com.example.app/a1a1 1767225900000",
+        ].sorted())
+        #expect(events.items.first { $0.jobID == "j2" }?.app == "example")
+        #expect(worker.feedbackServiceHealth == ["legacy": true])
+    }
+}
