@@ -13,6 +13,7 @@
 //   APNsSimulator     APNs simulator: HTTP/2 provider API, legacy gateway and feedback service
 //   APNsLegacyClient  the legacy binary interface: gateway connections, feedback reader
 //   FleetWorker       the worker services: push worker, feedback worker, admin endpoint
+//   FleetLoad         job generator, publisher with progress, result tallies (publish, demo, bench)
 //   FleetTestSupport  helpers for tests that start real processes
 //   apns-fleet        the one executable, a thin argument-parser front end
 
@@ -206,6 +207,7 @@ let package = Package(
             name: "APNsFleetCLI",
             dependencies: [
                 "FleetWorker",
+                "FleetLoad",
                 "APNsLegacyClient",
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 "APNsSimulator",
@@ -219,6 +221,20 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             path: "Sources/apns-fleet",
+            swiftSettings: strictSettings
+        ),
+
+        // MARK: - Load tools
+
+        // Job generation, publishing with progress, and result tallies: shared by `publish`,
+        // `demo` and `bench`.
+        .target(
+            name: "FleetLoad",
+            dependencies: [
+                "APNsCore",
+                "KafkaTransport",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
 
@@ -288,6 +304,11 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "FleetLoadTests",
+            dependencies: ["FleetLoad", "APNsCore"],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -121,6 +121,28 @@ public struct KafkaClientConfiguration: Sendable {
         return out
     }
 
+    /// Passthrough properties that only a consumer understands (librdkafka's CONFIGURATION.md,
+    /// "C"). One `kafka.properties` list serves both clients of a worker; the producer skips
+    /// these instead of warning about each at start.
+    static let consumerOnlyProperties: Set<String> = [
+        "group.id", "group.instance.id", "partition.assignment.strategy", "session.timeout.ms",
+        "heartbeat.interval.ms", "group.protocol.type", "coordinator.query.interval.ms",
+        "max.poll.interval.ms", "enable.auto.commit", "auto.commit.interval.ms", "enable.auto.offset.store",
+        "queued.min.messages", "queued.max.messages.kbytes", "fetch.wait.max.ms", "fetch.message.max.bytes",
+        "max.partition.fetch.bytes", "fetch.max.bytes", "fetch.min.bytes", "fetch.error.backoff.ms",
+        "isolation.level", "enable.partition.eof", "check.crcs", "auto.offset.reset",
+    ]
+
+    /// Passthrough properties that only a producer understands ("P"); the consumer skips them.
+    static let producerOnlyProperties: Set<String> = [
+        "transactional.id", "transaction.timeout.ms", "enable.idempotence", "enable.gapless.guarantee",
+        "queue.buffering.max.messages", "queue.buffering.max.kbytes", "queue.buffering.max.ms", "linger.ms",
+        "message.send.max.retries", "retries", "queue.buffering.backpressure.threshold", "compression.codec",
+        "compression.type", "batch.num.messages", "batch.size", "delivery.report.only.error",
+        "request.required.acks", "acks", "request.timeout.ms", "message.timeout.ms", "delivery.timeout.ms",
+        "partitioner", "compression.level", "sticky.partitioning.linger.ms",
+    ]
+
     /// Whether a property's value must never be shown.
     static func isSecret(_ key: String) -> Bool {
         let lowered = key.lowercased()
@@ -163,7 +185,7 @@ public struct KafkaProducerConfiguration: Sendable {
             ("compression.codec", compression),
         ]
         // Passthrough properties of the client go last so they can override the above.
-        let clientProperties = client.rdKafkaProperties()
+        let clientProperties = client.rdKafkaProperties().filter { !KafkaClientConfiguration.consumerOnlyProperties.contains($0.key) }
         let passthrough = Set(client.properties.keys)
         out.insert(contentsOf: clientProperties.filter { !passthrough.contains($0.key) }, at: 0)
         out.append(contentsOf: clientProperties.filter { passthrough.contains($0.key) })
@@ -219,7 +241,7 @@ public struct KafkaConsumerConfiguration: Sendable {
             // Bound prefetching: 16 MiB per partition instead of 64 MiB.
             ("queued.max.messages.kbytes", "16384"),
         ]
-        let clientProperties = client.rdKafkaProperties()
+        let clientProperties = client.rdKafkaProperties().filter { !KafkaClientConfiguration.producerOnlyProperties.contains($0.key) }
         let passthrough = Set(client.properties.keys)
         return clientProperties.filter { !passthrough.contains($0.key) } + ours
             + clientProperties.filter { passthrough.contains($0.key) }

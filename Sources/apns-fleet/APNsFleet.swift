@@ -12,13 +12,17 @@ struct APNsFleet: AsyncParsableCommand {
             Producers publish notification jobs to Kafka; workers send them to APNs over HTTP/2 \
             and publish one result per notification. See the README for the contracts.
 
-            Example:
+            Examples:
+              apns-fleet demo
+              apns-fleet worker --config fleet.yaml
               apns-fleet validate-job jobs.jsonl
             """,
         version: APNsFleetVersion.current,
         subcommands: [
+            DemoCommand.self,
             WorkerCommand.self,
             FeedbackCommand.self,
+            PublishCommand.self,
             SimulatorCommand.self,
             DevCredentialsCommand.self,
             SendCommand.self,

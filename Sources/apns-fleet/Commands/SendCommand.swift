@@ -99,6 +99,9 @@ struct SendCommand: AsyncParsableCommand {
     @Option(help: "Connections to open.")
     var connections: Int = 1
 
+    @Option(help: "Send this many first, unmeasured (warm-up), before the --count that is timed.")
+    var warmup: Int = 0
+
     @Option(help: "Seconds each request may take.")
     var timeout: Double = 10
 
@@ -108,6 +111,7 @@ struct SendCommand: AsyncParsableCommand {
     func validate() throws {
         guard count >= 1 else { throw ValidationError("--count must be at least 1") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
+        guard warmup >= 0 else { throw ValidationError("--warmup must not be negative") }
         guard connections >= 1 else { throw ValidationError("--connections must be at least 1") }
         guard PushType(rawValue: pushType) != nil else { throw ValidationError("unknown --push-type \(pushType)") }
         if let priority, NotificationPriority(rawValue: priority) == nil { throw ValidationError("--priority must be 10, 5 or 1") }
@@ -143,6 +147,18 @@ struct SendCommand: AsyncParsableCommand {
             }
             if pool.statistics.usableConnections == 0 {
                 return Summary(samples: [], elapsed: .zero, cpu: 0, peakRSSKilobytes: 0, configurationError: pool.connectError ?? pool.configurationError)
+            }
+            // Warm-up: the same load, not measured (connections settle, buffers and caches fill).
+            if warmup > 0 {
+                let warmupNext = Counter()
+                let warmupTotal = warmup
+                await withTaskGroup(of: Void.self) { workers in
+                    for _ in 0..<min(concurrency, warmupTotal) {
+                        workers.addTask {
+                            while warmupNext.take(below: warmupTotal) != nil { _ = await pool.send(notification, timeout: timeout) }
+                        }
+                    }
+                }
             }
             let startUsage = ProcessUsage.now()
             let start = ContinuousClock.now

@@ -1,3 +1,5 @@
+import Foundation
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -22,5 +24,30 @@ struct ProcessUsage {
         let cpu = Double(usage.ru_utime.tv_sec) + Double(usage.ru_utime.tv_usec) / 1e6
             + Double(usage.ru_stime.tv_sec) + Double(usage.ru_stime.tv_usec) / 1e6
         return ProcessUsage(cpuSeconds: cpu, peakRSSKilobytes: peakKilobytes)
+    }
+}
+
+/// Another process's CPU time and memory, from the kernel's own accounting of it
+/// (`/proc/<pid>/stat` and `/proc/<pid>/status`, the figures getrusage reports to the process
+/// itself). Linux only; nil elsewhere or once the process is gone.
+struct ChildUsage {
+    let cpuSeconds: Double
+    let residentKilobytes: Int
+    let peakResidentKilobytes: Int
+
+    static func of(pid: Int32) -> ChildUsage? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+            let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+            let close = stat.lastIndex(of: ")")
+        else { return nil }
+        // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+        func kilobytes(_ key: String) -> Int {
+            guard let line = status.split(separator: "\n").first(where: { $0.hasPrefix(key) }) else { return 0 }
+            return Int(line.split(separator: " ").dropFirst().first { Int($0) != nil } ?? "") ?? 0
+        }
+        return ChildUsage(cpuSeconds: (user + system) / ticks, residentKilobytes: kilobytes("VmRSS:"), peakResidentKilobytes: kilobytes("VmHWM:"))
     }
 }

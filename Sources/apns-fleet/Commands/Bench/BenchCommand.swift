@@ -1,7 +1,7 @@
 import ArgumentParser
 
-/// `apns-fleet bench`: benchmarks that print one machine-readable JSON line per run. Each
-/// suite arrives with the part it measures.
+/// `apns-fleet bench`: benchmarks that print one machine-readable JSON line per run, the median
+/// of several runs, and optionally a Markdown table.
 struct BenchCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench",
@@ -11,8 +11,9 @@ struct BenchCommand: AsyncParsableCommand {
 
             Example:
               swift build -c release --product apns-fleet
-              .build/release/apns-fleet bench kafka --messages 200000
+              .build/release/apns-fleet bench e2e --runs 3 --markdown bench.md
+              scripts/plot_bench.py bench.jsonl --out docs/bench.png
             """,
-        subcommands: [KafkaBenchCommand.self]
+        subcommands: [ClientBenchCommand.self, KafkaBenchCommand.self, E2EBenchCommand.self, ScalingBenchCommand.self]
     )
 }

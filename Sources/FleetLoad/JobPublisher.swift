@@ -1,0 +1,123 @@
+import APNsCore
+import KafkaTransport
+import Synchronization
+
+/// Produces jobs to Kafka as fast as the producer takes them, or at a given rate, and tells the
+/// tally what each job must produce once Kafka has accepted it.
+public struct JobPublisher: Sendable {
+    public struct Summary: Sendable {
+        public var published: Int
+        public var failed: Int
+        public var firstError: String?
+        public var seconds: Double
+    }
+
+    public let producer: KafkaProducer
+    public let topic: String
+
+    public init(producer: KafkaProducer, topic: String) {
+        self.producer = producer
+        self.topic = topic
+    }
+
+    /// Publishes `count` generated jobs. `rate` (jobs per second) paces them; nil goes flat out.
+    /// `progress` is called with the number handed to the producer so far, at most every 100 ms.
+    public func publish(
+        count: Int,
+        generator: inout JobGenerator,
+        rate: Double? = nil,
+        tally: RunTally?,
+        clock: @Sendable () -> Int64,
+        progress: (Int) -> Void = { _ in }
+    ) async throws -> Summary {
+        let outcome = DeliveryCount()
+        let started = ContinuousClock.now
+        var lastProgress = started
+        for index in 0..<count {
+            if let rate, rate > 0 {
+                let due = started + .nanoseconds(Int64(Double(index) / rate * 1e9))
+                if due > .now { try await Task.sleep(until: due) }
+            }
+            let job = generator.next(now: clock())
+            let message = KafkaOutgoingMessage(topic: topic, key: job.key, value: job.value, headers: job.headers)
+            if job.kind != .malformed { tally?.expect(jobID: job.id, tokens: job.expected, kind: job.kind) }
+            let onDelivery: @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void = { result in
+                switch result {
+                case .success(let report):
+                    // A job that is not JSON has no id of its own; the worker derives one from its offset.
+                    if job.kind == .malformed {
+                        let derived = SourcePosition(topic: report.topic, partition: report.partition, offset: report.offset).derivedJobID
+                        tally?.expect(jobID: derived, tokens: job.expected, kind: job.kind)
+                    }
+                    outcome.delivered()
+                case .failure(let error):
+                    outcome.failed("\(error)")
+                }
+            }
+            try await send(message, onDelivery: onDelivery)
+            if ContinuousClock.now - lastProgress > .milliseconds(100) {
+                progress(index + 1)
+                lastProgress = .now
+            }
+        }
+        progress(count)
+        try await producer.flush(timeout: .seconds(120))
+        let elapsed = ContinuousClock.now - started
+        let counts = outcome.counts
+        return Summary(published: counts.delivered, failed: counts.failed, firstError: counts.firstError, seconds: elapsed.seconds)
+    }
+
+    /// Publishes prepared records (from a file or flags), in order.
+    public func publish(_ messages: [KafkaOutgoingMessage], progress: (Int) -> Void = { _ in }) async throws -> Summary {
+        let outcome = DeliveryCount()
+        let started = ContinuousClock.now
+        for (index, message) in messages.enumerated() {
+            try await send(message) { result in
+                switch result {
+                case .success: outcome.delivered()
+                case .failure(let error): outcome.failed("\(error)")
+                }
+            }
+            if index % 1000 == 999 { progress(index + 1) }
+        }
+        progress(messages.count)
+        try await producer.flush(timeout: .seconds(120))
+        let counts = outcome.counts
+        return Summary(published: counts.delivered, failed: counts.failed, firstError: counts.firstError, seconds: (ContinuousClock.now - started).seconds)
+    }
+
+    /// Sends, waiting while the producer's queue is full (back-pressure, not unbounded memory).
+    private func send(_ message: KafkaOutgoingMessage, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) async throws {
+        while true {
+            do {
+                try producer.send(message, onDelivery: onDelivery)
+                return
+            } catch where error.code == .queueFull {
+                try await Task.sleep(for: .milliseconds(2))
+            }
+        }
+    }
+}
+
+/// Delivery reports, counted from librdkafka's thread.
+private final class DeliveryCount: Sendable {
+    private let state = Mutex<(delivered: Int, failed: Int, firstError: String?)>((0, 0, nil))
+
+    func delivered() { state.withLock { $0.delivered += 1 } }
+
+    func failed(_ error: String) {
+        state.withLock { state in
+            state.failed += 1
+            if state.firstError == nil { state.firstError = error }
+        }
+    }
+
+    var counts: (delivered: Int, failed: Int, firstError: String?) { state.withLock { $0 } }
+}
+
+extension Duration {
+    /// Seconds as a Double, for rates and reports.
+    public var seconds: Double {
+        Double(components.seconds) + Double(components.attoseconds) / 1e18
+    }
+}

@@ -1,0 +1,154 @@
+import APNsCore
+import Synchronization
+
+/// What one load run expects and what came back: every token of every job against its result,
+/// with duplicates, mismatches, token events, dead letters and latencies.
+///
+/// Results may arrive before their job is registered (a malformed job's id is only known from
+/// its delivery report), so early results wait in a side table until their expectation arrives.
+public final class RunTally: Sendable {
+    public struct Snapshot: Sendable {
+        public var jobsRegistered = 0
+        /// Registered jobs by the generator's kind, when known.
+        public var jobsByKind: [JobMix.Kind: Int] = [:]
+        public var jobsComplete = 0
+        public var notificationsExpected = 0
+        public var notificationsSeen = 0
+        /// Results for a token that already had one (at-least-once redelivery).
+        public var duplicates = 0
+        /// Results whose outcome is not the expected one, with a few examples.
+        public var mismatches = 0
+        public var mismatchExamples: [String] = []
+        /// "outcome/status/reason" → count, over first results only.
+        public var outcomes: [String: Int] = [:]
+        public var tokenEvents = 0
+        public var distinctTokenEvents = 0
+        public var deadLetters = 0
+        /// Job → result latencies in milliseconds (from `meta.published_at` to `sent_at`).
+        public var latenciesMs: [Double] = []
+        public var firstResultAt: Int64?
+        public var lastResultAt: Int64?
+
+        public var isComplete: Bool { jobsComplete == jobsRegistered && notificationsSeen >= notificationsExpected }
+    }
+
+    private struct State {
+        var snapshot = Snapshot()
+        /// Job id → token → expected outcome, for tokens still waiting for a result.
+        var pending: [String: [String: String]] = [:]
+        /// Job id → tokens already answered.
+        var answered: [String: Set<String>] = [:]
+        var early: [String: [NotificationResult]] = [:]
+        var eventKeys: Set<String> = []
+    }
+
+    private let state = Mutex(State())
+    /// Only results whose job id starts with this count (earlier runs share the topics).
+    public let idPrefix: String
+
+    public init(idPrefix: String) {
+        self.idPrefix = idPrefix
+    }
+
+    /// Registers a job under `jobID` (its own id, or the one derived from its offset).
+    public func expect(jobID: String, tokens: [(token: String, outcome: String)], kind: JobMix.Kind? = nil) {
+        state.withLock { state in
+            state.snapshot.jobsRegistered += 1
+            if let kind { state.snapshot.jobsByKind[kind, default: 0] += 1 }
+            state.snapshot.notificationsExpected += tokens.count
+            var waiting: [String: String] = [:]
+            for (token, outcome) in tokens { waiting[token] = outcome }
+            state.pending[jobID] = waiting
+            for result in state.early.removeValue(forKey: jobID) ?? [] {
+                Self.apply(result, to: &state)
+            }
+            if state.pending[jobID]?.isEmpty == true { Self.complete(jobID, &state) }
+        }
+    }
+
+    /// Counts one result; results of other runs are ignored.
+    public func record(_ result: NotificationResult, derivedIDPrefix: String) {
+        guard result.jobID.hasPrefix(idPrefix) || result.jobID.hasPrefix(derivedIDPrefix) else { return }
+        state.withLock { state in
+            guard state.pending[result.jobID] != nil || state.answered[result.jobID] != nil else {
+                state.early[result.jobID, default: []].append(result)
+                return
+            }
+            Self.apply(result, to: &state)
+        }
+    }
+
+    public func record(tokenEvent: TokenEvent) {
+        state.withLock { state in
+            state.snapshot.tokenEvents += 1
+            if state.eventKeys.insert(tokenEvent.key).inserted { state.snapshot.distinctTokenEvents += 1 }
+        }
+    }
+
+    public func recordDeadLetter() {
+        state.withLock { $0.snapshot.deadLetters += 1 }
+    }
+
+    public var snapshot: Snapshot { state.withLock { $0.snapshot } }
+
+    /// "delivered", or "rejected/410/Unregistered", as the generator writes expectations.
+    public static func describe(_ result: NotificationResult) -> String {
+        switch result.outcome {
+        case .delivered, .invalid: result.outcome.rawValue
+        case .rejected, .expired, .failed:
+            [result.outcome.rawValue, result.status.map(String.init), result.reason.map { String($0.prefix { $0.isLetter }) }]
+                .compactMap { $0 }.joined(separator: "/")
+        }
+    }
+
+    private static func apply(_ result: NotificationResult, to state: inout State) {
+        let jobID = result.jobID
+        state.snapshot.firstResultAt = min(state.snapshot.firstResultAt ?? result.sentAt.value, result.sentAt.value)
+        state.snapshot.lastResultAt = max(state.snapshot.lastResultAt ?? result.sentAt.value, result.sentAt.value)
+        guard let expected = state.pending[jobID]?.removeValue(forKey: result.token) else {
+            if state.answered[jobID]?.contains(result.token) == true {
+                state.snapshot.duplicates += 1
+            } else {
+                state.snapshot.mismatches += 1
+                note("job \(jobID): a result for a token it does not have (\(result.token.prefix(12)))", &state)
+            }
+            return
+        }
+        state.answered[jobID, default: []].insert(result.token)
+        state.snapshot.notificationsSeen += 1
+        let actual = describe(result)
+        state.snapshot.outcomes[actual, default: 0] += 1
+        if actual != expected {
+            state.snapshot.mismatches += 1
+            note("job \(jobID): expected \(expected), got \(actual)\(result.outcome == .invalid ? " (\(result.reason ?? ""))" : "")", &state)
+        }
+        if let published = publishedAt(result.meta) {
+            state.snapshot.latenciesMs.append(Double(result.sentAt.value - published))
+        }
+        if state.pending[jobID]?.isEmpty == true { complete(jobID, &state) }
+    }
+
+    private static func complete(_ jobID: String, _ state: inout State) {
+        state.pending[jobID] = nil
+        state.snapshot.jobsComplete += 1
+    }
+
+    private static func note(_ text: String, _ state: inout State) {
+        if state.snapshot.mismatchExamples.count < 10 { state.snapshot.mismatchExamples.append(text) }
+    }
+
+    /// `published_at` from the job's `meta`, which the worker copies into every result.
+    static func publishedAt(_ meta: RawJSON?) -> Int64? {
+        guard let meta, let parsed = try? JSONParser.parse(Array(meta.bytes)) else { return nil }
+        return parsed["published_at"]?.int64
+    }
+}
+
+/// Percentiles of a sample, nearest-rank.
+public enum Percentiles {
+    public static func value(_ fraction: Double, of sorted: [Double]) -> Double? {
+        guard !sorted.isEmpty else { return nil }
+        let rank = Int((fraction * Double(sorted.count)).rounded(.up)) - 1
+        return sorted[min(max(rank, 0), sorted.count - 1)]
+    }
+}

@@ -1,0 +1,138 @@
+import APNsCore
+import FleetLoad
+import Foundation
+import KafkaTransport
+import Logging
+
+/// One end-to-end measurement: a fresh local fleet (kafka-dev, simulator, N push workers, each
+/// its own process), jobs published while the workers run, results followed until every job
+/// is answered. Warm-up (the first results) is excluded; CPU comes from each worker process's
+/// own accounting; latency from `meta.published_at` to the result's `sent_at`.
+struct FleetBench {
+    struct Settings {
+        var jobs = 100_000
+        var warmup = 10_000
+        var workers = 1
+        var partitions = 8
+        var rate: Double?
+        var mix: JobMix = .allGood
+        var apnsLatencyMs: Int?
+        var maxInFlight: Int?
+        var directory = ".bench"
+        var timeout: Duration = .seconds(900)
+    }
+
+    let settings: Settings
+
+    func run(index: Int, say: (String) -> Void) async throws -> BenchRecord {
+        let runID = String(UInt32.random(in: 0...UInt32.max), radix: 36)
+        var options = LocalFleet.Options(directory: settings.directory, runID: runID)
+        options.partitions = settings.partitions
+        options.workers = settings.workers
+        options.metricsPort = 19464
+        options.mix = settings.mix
+        options.feedbackWorker = false
+        if let maxInFlight = settings.maxInFlight { options.workerSettings.append("worker.max-in-flight=\(maxInFlight)") }
+        if let latency = settings.apnsLatencyMs { options.simulatorArguments += ["--latency-ms", "\(latency)"] }
+        let fleet = try await LocalFleet.start(options, say: say)
+        do {
+            let record = try await measure(fleet: fleet, runID: runID, index: index)
+            await fleet.stop()
+            return record
+        } catch {
+            fleet.kill()
+            throw error
+        }
+    }
+
+    private func measure(fleet: LocalFleet, runID: String, index: Int) async throws -> BenchRecord {
+        var logger = Logger(label: "apns-fleet.bench") { StreamLogHandler.standardError(label: $0) }
+        logger.logLevel = .error
+        var client = KafkaClientConfiguration(bootstrapServers: [fleet.bootstrap])
+        client.clientID = "apns-fleet-bench"
+        client.statisticsInterval = nil
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "bench-reader-\(runID)", topics: [fleet.topics.results])
+        readerConfiguration.sessionTimeout = .seconds(6)
+        readerConfiguration.maxBatchSize = 5_000
+        let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
+        let tally = RunTally(idPrefix: "demo-\(runID)-")
+        let derivedPrefix = "\(fleet.topics.jobs)-"
+        let settings = self.settings
+        let initialGenerator = fleet.generator
+
+        return try await withThrowingTaskGroup(of: Void.self, returning: BenchRecord.self) { group in
+            group.addTask { try await producer.run() }
+            group.addTask { try await reader.run() }
+            group.addTask {
+                for try await batch in reader.batches {
+                    for record in batch {
+                        if let result = try? NotificationResult(decoding: record.value) { tally.record(result, derivedIDPrefix: derivedPrefix) }
+                    }
+                    reader.markFinished(batch)
+                }
+            }
+            let publisher = JobPublisher(producer: producer, topic: fleet.topics.jobs)
+            group.addTask {
+                var generator = initialGenerator
+                let summary = try await publisher.publish(count: settings.jobs, generator: &generator, rate: settings.rate, tally: tally, clock: Self.nowMillis)
+                if summary.failed > 0 { throw UsageError("\(summary.failed) jobs were not accepted by Kafka: \(summary.firstError ?? "")") }
+            }
+
+            // Mark the end of warm-up, then the end of the run.
+            let started = ContinuousClock.now
+            var warm: (time: ContinuousClock.Instant, cpu: [Double], seen: Int, jobs: Int, latencies: Int)?
+            var expected = 0
+            while true {
+                let snapshot = tally.snapshot
+                expected = snapshot.notificationsExpected
+                if warm == nil, snapshot.notificationsSeen >= settings.warmup {
+                    warm = (.now, fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }, snapshot.notificationsSeen, snapshot.jobsComplete, snapshot.latenciesMs.count)
+                }
+                if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
+                if let dead = fleet.processes.first(where: { !$0.isRunning }) {
+                    throw UsageError("\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())")
+                }
+                if ContinuousClock.now - started > settings.timeout {
+                    throw UsageError("timed out with \(snapshot.notificationsExpected - snapshot.notificationsSeen) notifications unanswered")
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            let end = ContinuousClock.now
+            let usages = fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid) }
+            let snapshot = tally.snapshot
+            reader.close()
+            await producer.shutdown(flushTimeout: .seconds(10))
+            group.cancelAll()
+
+            guard let warm else { throw UsageError("the run ended before warm-up did; raise --jobs or lower --warmup") }
+            let seconds = (end - warm.time).seconds
+            let measured = snapshot.notificationsSeen - warm.seen
+            let cpu = zip(usages, warm.cpu).reduce(0.0) { $0 + (($1.0?.cpuSeconds ?? $1.1) - $1.1) }
+            let latencies = Array(snapshot.latenciesMs.dropFirst(warm.latencies)).sorted()
+            var record = BenchRecord()
+            record.set("suite", settings.workers > 1 ? "scaling" : "e2e")
+            record.set("run", "\(index)")
+            record.set("workers", settings.workers)
+            record.set("partitions", settings.partitions)
+            record.set("jobs", settings.jobs)
+            record.set("warmup_notifications", warm.seen)
+            record.set("notifications", measured)
+            record.set("seconds", seconds, decimals: 2)
+            record.set("notifications_per_second", Double(measured) / max(seconds, 1e-9), decimals: 0)
+            record.set("jobs_per_second", Double(snapshot.jobsComplete - warm.jobs) / max(seconds, 1e-9), decimals: 0)
+            record.set("per_worker_notifications_per_second", Double(measured) / max(seconds, 1e-9) / Double(settings.workers), decimals: 0)
+            record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(measured, 1)), decimals: 2)
+            record.set("p50_ms", Percentiles.value(0.5, of: latencies) ?? 0, decimals: 1)
+            record.set("p99_ms", Percentiles.value(0.99, of: latencies) ?? 0, decimals: 1)
+            record.set("peak_rss_mb", Double(usages.compactMap { $0?.peakResidentKilobytes }.max() ?? 0) / 1024, decimals: 1)
+            record.set("lost", expected - snapshot.notificationsSeen)
+            record.set("duplicates", snapshot.duplicates)
+            if let rate = settings.rate { record.set("publish_rate", rate, decimals: 0) }
+            if let latency = settings.apnsLatencyMs { record.set("apns_latency_ms", latency) }
+            return record
+        }
+    }
+
+    static func nowMillis() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
+}

@@ -1,0 +1,146 @@
+import ArgumentParser
+import FleetLoad
+import Foundation
+
+/// Options shared by the suites that run a local fleet.
+struct FleetBenchOptions: ParsableArguments {
+    @Option(help: "Jobs per run (single-token jobs unless --mix says otherwise).")
+    var jobs = 100_000
+
+    @Option(help: "Notifications at the start of each run that are not measured.")
+    var warmup = 10_000
+
+    @Option(help: "Partitions of each topic.")
+    var partitions = 8
+
+    @Option(help: "Jobs per second to publish (default: as fast as Kafka takes them, so the workers run flat out).")
+    var rate: Double?
+
+    @Option(help: "Job mix, kind=weight,… Default: good=1.")
+    var mix: String?
+
+    @Option(name: .customLong("apns-latency-ms"), help: "The simulator answers after this long (fills the in-flight window).")
+    var apnsLatencyMs: Int?
+
+    @Option(name: .customLong("max-in-flight"), help: "worker.max-in-flight of each worker.")
+    var maxInFlight: Int?
+
+    @Option(help: "Runs per configuration; the median is printed last.")
+    var runs = 3
+
+    @Option(help: "Append a Markdown table of the runs to this file.")
+    var markdown: String?
+
+    @Option(help: "Working directory for the fleet's credentials and logs.")
+    var dir = ".bench"
+
+    func validate() throws {
+        guard jobs > 0, warmup >= 0, warmup < jobs, partitions > 0, runs > 0 else {
+            throw ValidationError("--jobs, --partitions and --runs must be positive, and --warmup below --jobs")
+        }
+        if let mix { _ = try JobMix(parsing: mix) }
+    }
+
+    func settings(workers: Int) throws -> FleetBench.Settings {
+        var settings = FleetBench.Settings()
+        settings.jobs = jobs
+        settings.warmup = warmup
+        settings.workers = workers
+        settings.partitions = partitions
+        settings.rate = rate
+        settings.mix = try mix.map { try JobMix(parsing: $0) } ?? .allGood
+        settings.apnsLatencyMs = apnsLatencyMs
+        settings.maxInFlight = maxInFlight
+        settings.directory = dir
+        return settings
+    }
+
+    static let columns: [(String, String)] = [
+        ("run", "run"), ("workers", "workers"), ("notifications/s", "notifications_per_second"),
+        ("per worker/s", "per_worker_notifications_per_second"), ("worker CPU µs/notification", "worker_cpu_us_per_notification"),
+        ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("peak RSS MB", "peak_rss_mb"), ("lost", "lost"), ("duplicates", "duplicates"),
+    ]
+}
+
+/// `apns-fleet bench e2e`: the worker as its own process, end to end.
+struct E2EBenchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "e2e",
+        abstract: "Benchmark the push worker end to end: Kafka job → APNs (simulator) → result → offset.",
+        discussion: """
+            Starts kafka-dev, the simulator and one push worker as separate processes, publishes \
+            --jobs while the worker runs, and follows the results. Prints one JSON line per run \
+            and the median: notifications and jobs per second, worker CPU µs per notification (the \
+            worker process's own CPU time, warm-up excluded), p50/p99 latency from the job's \
+            meta.published_at to the result's sent_at, and the worker's peak RSS. Build in release mode.
+
+            Examples:
+              .build/release/apns-fleet bench e2e --jobs 200000 --runs 3 --markdown bench.md
+              .build/release/apns-fleet bench e2e --apns-latency-ms 500 --max-in-flight 10000 --jobs 60000
+              .build/release/apns-fleet bench e2e --rate 5000 --jobs 50000   # latency at a set load
+            """
+    )
+
+    @OptionGroup var options: FleetBenchOptions
+
+    @Option(help: "Push workers.")
+    var workers = 1
+
+    func run() async throws {
+        let bench = FleetBench(settings: try options.settings(workers: workers))
+        let output = BenchOutput(markdownPath: options.markdown, title: "e2e: \(workers) worker(s), \(options.jobs) jobs", columns: FleetBenchOptions.columns)
+        var records: [BenchRecord] = []
+        for index in 1...options.runs {
+            let record = try await bench.run(index: index) { FileHandle.standardError.write(Data(("  " + $0 + "\n").utf8)) }
+            output.emit(record)
+            records.append(record)
+        }
+        try output.finish(records, machine: BenchOutput.machine)
+    }
+}
+
+/// `apns-fleet bench scaling`: throughput against the number of workers in one group.
+struct ScalingBenchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "scaling",
+        abstract: "Benchmark throughput with 1, 2, 3… push workers sharing one consumer group.",
+        discussion: """
+            Runs the e2e benchmark once per worker count in --workers (each --runs times, each on \
+            a fresh fleet) and prints the JSON lines, with throughput per worker. Note that every \
+            process shares this machine's cores: on a small machine the workers compete with \
+            Kafka and the simulator, so the curve shows the machine as much as the fleet.
+
+            Example:
+              .build/release/apns-fleet bench scaling --workers 1,2,3 --jobs 100000 --markdown bench.md
+            """
+    )
+
+    @OptionGroup var options: FleetBenchOptions
+
+    @Option(help: "Worker counts, comma-separated.")
+    var workers = "1,2,3"
+
+    func run() async throws {
+        let counts = workers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard !counts.isEmpty, counts.allSatisfy({ $0 > 0 && $0 <= options.partitions }) else {
+            throw ValidationError("--workers must list counts from 1 to the partition count (\(options.partitions))")
+        }
+        var medians: [BenchRecord] = []
+        for count in counts {
+            let bench = FleetBench(settings: try options.settings(workers: count))
+            var records: [BenchRecord] = []
+            for index in 1...options.runs {
+                var record = try await bench.run(index: index) { FileHandle.standardError.write(Data(("  " + $0 + "\n").utf8)) }
+                record.set("suite", "scaling")
+                BenchOutput.write(record)
+                records.append(record)
+            }
+            if let median = BenchRecord.median(of: records) {
+                if records.count > 1 { BenchOutput.write(median) }
+                medians.append(median)
+            }
+        }
+        let output = BenchOutput(markdownPath: options.markdown, title: "scaling: \(counts.map(String.init).joined(separator: ", ")) workers, \(options.jobs) jobs, medians of \(options.runs) runs", columns: FleetBenchOptions.columns)
+        if options.markdown != nil { try output.finishTable(medians, machine: BenchOutput.machine) }
+    }
+}

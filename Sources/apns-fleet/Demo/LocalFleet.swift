@@ -1,0 +1,147 @@
+import APNsCore
+import APNsFleetConfig
+import FleetLoad
+import Foundation
+
+/// A fleet on this machine, every part its own process as in production: `kafka-dev` (unless a
+/// real Kafka is given), the simulator (unless real apps are configured), push workers and the
+/// feedback worker. The demo and the end-to-end benchmarks run on it.
+struct LocalFleet {
+    struct Options {
+        var directory: String
+        var runID: String
+        var partitions = 8
+        var workers = 1
+        var metricsPort = 9464
+        var brokers: String?
+        var config: String?
+        var tokens: [String] = []
+        var mix: JobMix = .realistic
+        var feedbackWorker = true
+        /// Extra `--set` overrides for every worker.
+        var workerSettings: [String] = []
+        /// Extra simulator flags (latency, error rates).
+        var simulatorArguments: [String] = []
+    }
+
+    let topics = TopicNames()
+    let bootstrap: String
+    let generator: JobGenerator
+    let logDirectory: String
+    let metricsURLs: [String]
+    /// Every process, in start order.
+    let processes: [SpawnedProcess]
+    let pushWorkers: [SpawnedProcess]
+
+    static func start(_ options: Options, say: (String) -> Void) async throws -> LocalFleet {
+        let directory = URL(fileURLWithPath: options.directory).standardizedFileURL.path
+        let logs = (directory as NSString).appendingPathComponent("logs")
+        try FileManager.default.createDirectory(atPath: logs, withIntermediateDirectories: true)
+        func logPath(_ name: String) -> String { (logs as NSString).appendingPathComponent("\(name).log") }
+        let topics = TopicNames()
+        var processes: [SpawnedProcess] = []
+        do {
+            // Kafka.
+            let bootstrap: String
+            if let brokers = options.brokers {
+                bootstrap = brokers
+                say("Kafka: \(brokers) (yours; the topics \(topics.all.joined(separator: ", ")) must exist)")
+            } else {
+                let file = (directory as NSString).appendingPathComponent("kafka.bootstrap")
+                try? FileManager.default.removeItem(atPath: file)
+                let kafka = try SpawnedProcess(
+                    name: "kafka-dev",
+                    arguments: ["kafka-dev", "--brokers", "1", "--partitions", "\(options.partitions)", "--bootstrap-file", file, "--no-stdin"],
+                    logPath: logPath("kafka-dev")
+                )
+                processes.append(kafka)
+                _ = try await kafka.waitForLine(containing: "127.0.0.1:", timeout: .seconds(60))
+                bootstrap = try String(contentsOfFile: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+                say("Kafka: embedded (kafka-dev), \(bootstrap), \(options.partitions) partitions per topic")
+            }
+
+            // APNs: the simulator with TLS and development credentials, or the user's apps.
+            let generator: JobGenerator
+            let fleetArguments: [String]
+            if let config = options.config {
+                fleetArguments = ["--config", config, "--set", "kafka.bootstrap-servers=\(bootstrap)"]
+                let fleet = try await ConfigurationLoader(filePath: config, environment: ProcessInfo.processInfo.environment, overrides: []).load()
+                guard let app = fleet.apps.first, let topic = app.defaults.topic ?? app.topics.first else {
+                    throw UsageError("\(config) configures no app with a topic")
+                }
+                generator = JobGenerator(mix: options.mix, topic: topic, app: app.name, fixedTokens: options.tokens, idPrefix: "demo-\(options.runID)")
+                say("APNs: the apps of \(config) (\(fleet.apps.map(\.name).joined(separator: ", "))); good jobs go to \(options.tokens.count) device token(s)")
+            } else {
+                let setup = try DemoSimulatorSetup(directory: directory, runID: options.runID, mix: options.mix)
+                let simulator = try SpawnedProcess(
+                    name: "simulator",
+                    arguments: ["simulator", "--config", setup.simulatorConfigPath, "--h2-port", "0", "--h2c-port=-1", "--admin-port", "0",
+                                "--gateway-port=-1", "--gateway-plain-port=-1", "--feedback-port=-1", "--feedback-plain-port=-1"]
+                        + options.simulatorArguments,
+                    logPath: logPath("simulator")
+                )
+                processes.append(simulator)
+                let listening = try await simulator.waitForLine(containing: "apns-fleet simulator listening:", timeout: .seconds(60))
+                guard let port = Self.port(after: "h2 (TLS) 127.0.0.1:", in: listening) else {
+                    throw UsageError("cannot read the simulator's port from: \(listening)")
+                }
+                fleetArguments = try setup.writeFleetConfiguration(bootstrap: bootstrap, simulatorPort: port)
+                generator = setup.generator
+                say("APNs: the simulator on 127.0.0.1:\(port) (TLS, token auth; credentials in \(setup.credentialsDirectory))")
+            }
+
+            // Push workers in one consumer group, and the feedback worker.
+            var pushWorkers: [SpawnedProcess] = []
+            var metricsURLs: [String] = []
+            let extra = options.workerSettings.flatMap { ["--set", $0] }
+            for index in 0..<options.workers {
+                let port = options.metricsPort + index
+                let worker = try SpawnedProcess(
+                    name: "worker-\(index + 1)",
+                    arguments: ["worker"] + fleetArguments + ["--set", "admin.port=\(port)", "--set", "worker.id=local-worker-\(index + 1)"] + extra,
+                    logPath: logPath("worker-\(index + 1)")
+                )
+                processes.append(worker)
+                pushWorkers.append(worker)
+                metricsURLs.append("http://127.0.0.1:\(port)/metrics")
+            }
+            if options.feedbackWorker {
+                let port = options.metricsPort + options.workers
+                let feedback = try SpawnedProcess(
+                    name: "feedback",
+                    arguments: ["feedback"] + fleetArguments + ["--set", "admin.port=\(port)", "--set", "worker.id=local-feedback"],
+                    logPath: logPath("feedback")
+                )
+                processes.append(feedback)
+                metricsURLs.append("http://127.0.0.1:\(port)/metrics")
+            }
+            // Publishing before the groups have formed would only measure how long joining takes.
+            for process in processes where process.name.hasPrefix("worker") || process.name == "feedback" {
+                _ = try await process.waitForLine(containing: "partitions assigned", timeout: .seconds(90))
+            }
+            say("Workers: \(options.workers) push worker(s)\(options.feedbackWorker ? " and the feedback worker" : ""), partitions assigned")
+            return LocalFleet(
+                bootstrap: bootstrap, generator: generator, logDirectory: logs, metricsURLs: metricsURLs,
+                processes: processes, pushWorkers: pushWorkers
+            )
+        } catch {
+            for process in processes { process.kill() }
+            throw error
+        }
+    }
+
+    /// SIGTERM to every process, last started first, each given time to drain.
+    func stop() async {
+        for process in processes.reversed() { await process.stop(timeout: .seconds(30)) }
+    }
+
+    /// For error paths.
+    func kill() {
+        for process in processes { process.kill() }
+    }
+
+    static func port(after marker: String, in line: String) -> Int? {
+        guard let range = line.range(of: marker) else { return nil }
+        return Int(line[range.upperBound...].prefix { $0.isNumber })
+    }
+}

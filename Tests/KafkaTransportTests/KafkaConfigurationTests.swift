@@ -1,0 +1,18 @@
+@testable import KafkaTransport
+import Testing
+
+@Suite("Kafka client properties")
+struct KafkaConfigurationTests {
+    @Test("one kafka.properties list serves both clients: each takes only what it understands")
+    func splitPassthrough() {
+        var client = KafkaClientConfiguration(bootstrapServers: ["127.0.0.1:9092"])
+        client.properties = ["session.timeout.ms": "6000", "linger.ms": "20", "socket.keepalive.enable": "true"]
+        let producer = Dictionary(KafkaProducerConfiguration(client: client).rdKafkaProperties().map { ($0.key, $0.value) }, uniquingKeysWith: { $1 })
+        let consumer = Dictionary(KafkaConsumerConfiguration(client: client, groupID: "g", topics: ["t"]).rdKafkaProperties().map { ($0.key, $0.value) }, uniquingKeysWith: { $1 })
+        #expect(producer["session.timeout.ms"] == nil)
+        #expect(producer["linger.ms"] == "20", "a passthrough wins over the producer's own default")
+        #expect(consumer["linger.ms"] == nil)
+        #expect(consumer["session.timeout.ms"] == "6000")
+        #expect(producer["socket.keepalive.enable"] == "true" && consumer["socket.keepalive.enable"] == "true")
+    }
+}
