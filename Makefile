@@ -8,7 +8,7 @@ SWIFT ?= swift
 
 # Libraries the build links against, and the tools the tests drive the product with.
 BUILD_PACKAGES := librdkafka-dev libnghttp2-dev libssl-dev pkg-config
-TEST_PACKAGES  := nghttp2-client kcat python3-aioapns python3-h2 python3-jsonschema
+TEST_PACKAGES  := nghttp2-client kcat python3-aioapns python3-h2 python3-jsonschema python3-yaml
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -36,6 +36,7 @@ deps:
 test-deps: deps
 	$(call install_missing,$(TEST_PACKAGES))
 	@python3 -c 'import jsonschema' 2>/dev/null || python3 -m pip install -q jsonschema
+	@python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
 
 build: deps
 	$(SWIFT) build
@@ -45,6 +46,7 @@ release: deps
 
 test: test-deps
 	$(SWIFT) build --build-tests
+	python3 scripts/check_packaging.py
 	$(SWIFT) test --skip-build
 
 # The whole fleet on this machine: embedded Kafka, the APNs simulator (TLS), a push worker and
