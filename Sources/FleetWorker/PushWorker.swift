@@ -32,7 +32,7 @@ public final class PushWorker: Service, Sendable {
 
     private let configuration: Configuration
     private let consumer: KafkaConsumer
-    private let producer: KafkaProducer
+    private let publisher: ReliablePublisher
     private let sender: any NotificationSender
     private let intake: JobIntake
     private let policy: DeliveryPolicy
@@ -54,7 +54,7 @@ public final class PushWorker: Service, Sendable {
     ) {
         self.configuration = configuration
         self.consumer = consumer
-        self.producer = producer
+        self.publisher = ReliablePublisher(producer: producer, logger: logger)
         self.sender = sender
         self.intake = JobIntake(configuration: configuration.fleet, workerID: configuration.workerID)
         self.policy = DeliveryPolicy(retry: configuration.fleet.retry)
@@ -330,36 +330,10 @@ public final class PushWorker: Service, Sendable {
         }
     }
 
-    /// Publishes messages and waits for every acknowledgement, retrying failed ones until they
-    /// land. Returns false only when the task is cancelled first: the record then stays
-    /// unfinished and is redone after the partition moves (duplicates allowed, losses not).
+    /// Publishes and waits for every acknowledgement; false only when cancelled first (see
+    /// ``ReliablePublisher``): the record then stays unfinished and is redone elsewhere.
     private func publish(_ messages: [KafkaOutgoingMessage]) async -> Bool {
-        var pending = messages
-        var delay = 100
-        while !pending.isEmpty {
-            let failed = await withTaskGroup(of: KafkaOutgoingMessage?.self, returning: [KafkaOutgoingMessage].self) { group in
-                for message in pending {
-                    group.addTask {
-                        do {
-                            try await self.producer.send(message)
-                            return nil
-                        } catch {
-                            self.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"])
-                            return message
-                        }
-                    }
-                }
-                var failed: [KafkaOutgoingMessage] = []
-                for await message in group { if let message { failed.append(message) } }
-                return failed
-            }
-            pending = failed
-            guard !pending.isEmpty else { break }
-            if Task.isCancelled { return false }
-            try? await Task.sleep(for: .milliseconds(delay))
-            delay = min(delay * 2, 5000)
-        }
-        return true
+        await publisher.publish(messages)
     }
 }
 

@@ -27,17 +27,10 @@ struct FeedbackCommand: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "Configuration file (YAML or JSON).")
-    var config: String?
-
-    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key.", valueName: "key=value"))
-    var overrides: [String] = []
-
-    @Option(help: "Log level: trace, debug, info, notice, warning, error or critical.")
-    var logLevel: Logger.Level = .info
+    @OptionGroup var options: FleetProcessOptions
 
     func run() async throws {
-        let process = try await FleetProcess(label: "apns-fleet.feedback", configFile: config, overrides: overrides, logLevel: logLevel, idPrefix: "feedback")
+        let process = try await FleetProcess(label: "apns-fleet.feedback", options: options, idPrefix: "feedback")
         let fleet = process.fleet
         let logger = process.logger
         let kafka = KafkaClientConfiguration(settings: fleet.kafka, clientID: process.processID)

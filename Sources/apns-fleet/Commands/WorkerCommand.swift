@@ -26,17 +26,10 @@ struct WorkerCommand: AsyncParsableCommand {
             """
     )
 
-    @Option(help: "Configuration file (YAML or JSON).")
-    var config: String?
-
-    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key.", valueName: "key=value"))
-    var overrides: [String] = []
-
-    @Option(help: "Log level: trace, debug, info, notice, warning, error or critical.")
-    var logLevel: Logger.Level = .info
+    @OptionGroup var options: FleetProcessOptions
 
     func run() async throws {
-        let process = try await FleetProcess(label: "apns-fleet.worker", configFile: config, overrides: overrides, logLevel: logLevel, idPrefix: "worker")
+        let process = try await FleetProcess(label: "apns-fleet.worker", options: options, idPrefix: "worker")
         let fleet = process.fleet
         let logger = process.logger
         guard !fleet.apps.isEmpty else {

@@ -65,16 +65,7 @@ final class SpawnedProcess {
     func stop(timeout: Duration) async -> Int32 {
         guard isRunning else { return process.terminationStatus }
         process.terminate()
-        let deadline = ContinuousClock.now + timeout
-        while isRunning, ContinuousClock.now < deadline {
-            try? await Task.sleep(for: .milliseconds(50))
-        }
-        if isRunning {
-            Foundation.kill(pid, SIGKILL)
-            process.waitUntilExit()
-            return -9
-        }
-        return process.terminationStatus
+        return await wait(timeout: timeout)
     }
 
     /// Waits for the process to exit by itself; SIGKILL after `timeout`. Returns the status.

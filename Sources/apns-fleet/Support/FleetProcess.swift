@@ -1,11 +1,24 @@
 import APNsCore
 import APNsFleetConfig
+import ArgumentParser
 import Foundation
 import Logging
 import Metrics
 import Prometheus
 import ServiceLifecycle
 import UnixSignals
+
+/// The options every long-running fleet process takes.
+struct FleetProcessOptions: ParsableArguments {
+    @Option(help: "Configuration file (YAML or JSON).")
+    var config: String?
+
+    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key.", valueName: "key=value"))
+    var overrides: [String] = []
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error or critical.")
+    var logLevel: Logger.Level = .info
+}
 
 /// What the long-running fleet processes (`worker`, `feedback`) share: configuration, logging,
 /// metrics and a service group that drains on the first SIGTERM or SIGINT and exits at once on
@@ -17,10 +30,10 @@ struct FleetProcess {
     /// `worker.id`, or one made from the host name and pid.
     let processID: String
 
-    init(label: String, configFile: String?, overrides: [String], logLevel: Logger.Level, idPrefix: String) async throws {
-        fleet = try await ConfigurationLoader(filePath: configFile, environment: ProcessInfo.processInfo.environment, overrides: overrides).load()
+    init(label: String, options: FleetProcessOptions, idPrefix: String) async throws {
+        fleet = try await ConfigurationLoader(filePath: options.config, environment: ProcessInfo.processInfo.environment, overrides: options.overrides).load()
         var logger = Logger(label: label)
-        logger.logLevel = logLevel
+        logger.logLevel = options.logLevel
         for warning in SecretFile.permissionWarnings(for: fleet) { logger.warning("\(warning)") }
         self.logger = logger
         registry = PrometheusCollectorRegistry()
