@@ -18,10 +18,9 @@ struct WorkerProcessTests {
         let directory = NSTemporaryDirectory() + "apns-fleet-worker-process-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: directory) }
 
-        let kafka = ChildProcess(binary, ["kafka-dev", "--brokers", "1", "--partitions", "4", "--no-stdin"])
-        try kafka.start()
-        defer { kafka.kill() }
-        let bootstrap = try await kafka.line(1)
+        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 4)
+        defer { kafka.process.kill() }
+        let bootstrap = kafka.bootstrap
 
         let credentials = try DevCredentials.generate(topic: "com.example.app")
         let summary = try credentials.write(to: directory)
@@ -35,30 +34,10 @@ struct WorkerProcessTests {
         let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
         let port = try #require(simulator.port(.http2TLS))
 
-        let config = (directory as NSString).appendingPathComponent("fleet.yaml")
-        try """
-            kafka:
-              bootstrap-servers: \(bootstrap)
-              # The mock cluster rebalances after about session.timeout.ms (PITFALLS.md): keep it short.
-              properties: [session.timeout.ms=6000]
-            apps: [example]
-            app:
-              example:
-                key-file: \((directory as NSString).appendingPathComponent(summary.signingKeyFile))
-                key-id: \(summary.keyID)
-                team-id: \(summary.teamID)
-                topic: com.example.app
-                environment: custom
-                host: 127.0.0.1
-                port: \(port)
-                ca-file: \((directory as NSString).appendingPathComponent(summary.caFile))
-                connections: 1
-            worker:
-              max-in-flight: 20
-              drain-timeout-seconds: 20
-            admin:
-              port: 0
-            """.write(toFile: config, atomically: true, encoding: .utf8)
+        let config = try writeFleetFile(
+            directory: directory, summary: summary, simulatorPort: port, bootstrap: bootstrap,
+            extra: "worker:\n  max-in-flight: 20\n  drain-timeout-seconds: 20"
+        )
 
         // 200 jobs; every tenth is a fan-out to three tokens, one of them unregistered.
         var client = KafkaClientConfiguration(bootstrapServers: [bootstrap])
