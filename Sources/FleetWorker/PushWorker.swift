@@ -205,14 +205,20 @@ public final class PushWorker: Service, Sendable {
 
     private func deliver(_ job: AcceptedJob, record: KafkaRecord) async {
         // A retry record's `not-before` was waited for before it took its slot (`processWhenDue`).
-        let outcomes = await withTaskGroup(of: TokenOutcome.self, returning: [TokenOutcome].self) { group in
-            for token in job.tokens {
-                group.addTask { await self.deliver(token: token, of: job) }
+        let outcomes: [TokenOutcome]
+        if job.tokens.count == 1, let token = job.tokens.first {
+            // Most jobs have one token: no task group (and its allocations) for them.
+            outcomes = [await deliver(token: token, of: job)]
+        } else {
+            outcomes = await withTaskGroup(of: TokenOutcome.self, returning: [TokenOutcome].self) { group in
+                for token in job.tokens {
+                    group.addTask { await self.deliver(token: token, of: job) }
+                }
+                var outcomes: [TokenOutcome] = []
+                outcomes.reserveCapacity(job.tokens.count)
+                for await outcome in group { outcomes.append(outcome) }
+                return outcomes
             }
-            var outcomes: [TokenOutcome] = []
-            outcomes.reserveCapacity(job.tokens.count)
-            for await outcome in group { outcomes.append(outcome) }
-            return outcomes
         }
 
         var messages: [KafkaOutgoingMessage] = []

@@ -1,5 +1,6 @@
 import KafkaTransport
 import Logging
+import Synchronization
 
 /// Publishes a group of messages and waits until Kafka has acknowledged every one, retrying the
 /// failed ones with backoff. The workers mark a record finished only after this returns true,
@@ -14,23 +15,7 @@ struct ReliablePublisher: Sendable {
         var pending = messages
         var delayMilliseconds = 100
         while !pending.isEmpty {
-            let failed = await withTaskGroup(of: KafkaOutgoingMessage?.self, returning: [KafkaOutgoingMessage].self) { group in
-                for message in pending {
-                    group.addTask {
-                        do {
-                            try await producer.send(message)
-                            return nil
-                        } catch {
-                            logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"])
-                            return message
-                        }
-                    }
-                }
-                var failed: [KafkaOutgoingMessage] = []
-                for await message in group { if let message { failed.append(message) } }
-                return failed
-            }
-            pending = failed
+            pending = await sendAll(pending)
             guard !pending.isEmpty else { break }
             if Task.isCancelled { return false }
             try? await Task.sleep(for: .milliseconds(delayMilliseconds))
@@ -38,4 +23,64 @@ struct ReliablePublisher: Sendable {
         }
         return true
     }
+
+    /// Enqueues every message and waits once for all their delivery reports: one suspension per
+    /// group rather than a child task per message. Returns the ones that failed.
+    private func sendAll(_ messages: [KafkaOutgoingMessage]) async -> [KafkaOutgoingMessage] {
+        let outcome = GroupDelivery(messages: messages)
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            outcome.start(continuation)
+            for index in messages.indices {
+                do throws(KafkaError) {
+                    try producer.send(messages[index]) { result in outcome.report(index, result) }
+                } catch {
+                    // Refused locally (a full queue, say): it is retried with the others after the backoff.
+                    outcome.report(index, .failure(error))
+                }
+            }
+        }
+        let failed = outcome.failures
+        for (index, error) in failed {
+            logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(messages[index].topic)", "error": "\(error)"])
+        }
+        return failed.map { messages[$0.index] }
+    }
+}
+
+/// Counts a group's delivery reports down (they arrive on librdkafka's thread) and resumes the
+/// waiting publisher when the last one is in.
+private final class GroupDelivery: Sendable {
+    private struct State {
+        var remaining: Int
+        var failures: [(index: Int, error: KafkaError)] = []
+        var continuation: UnsafeContinuation<Void, Never>?
+    }
+
+    private let state: Mutex<State>
+
+    init(messages: [KafkaOutgoingMessage]) {
+        state = Mutex(State(remaining: messages.count))
+    }
+
+    func start(_ continuation: UnsafeContinuation<Void, Never>) {
+        let done = state.withLock { state -> Bool in
+            guard state.remaining > 0 else { return true }
+            state.continuation = continuation
+            return false
+        }
+        if done { continuation.resume() }
+    }
+
+    func report(_ index: Int, _ result: Result<KafkaDeliveryReport, KafkaError>) {
+        let continuation = state.withLock { state -> UnsafeContinuation<Void, Never>? in
+            if case .failure(let error) = result { state.failures.append((index, error)) }
+            state.remaining -= 1
+            guard state.remaining == 0 else { return nil }
+            defer { state.continuation = nil }
+            return state.continuation
+        }
+        continuation?.resume()
+    }
+
+    var failures: [(index: Int, error: KafkaError)] { state.withLock { $0.failures } }
 }

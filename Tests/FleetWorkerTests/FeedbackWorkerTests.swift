@@ -1,3 +1,4 @@
+import APNsClient
 import APNsCore
 import APNsLegacyClient
 import APNsSimulator
@@ -121,5 +122,103 @@ struct FeedbackWorkerTests {
         ].sorted())
         #expect(events.items.first { $0.jobID == "j2" }?.app == "example")
         #expect(worker.feedbackServiceHealth == ["legacy": true])
+    }
+
+    @Test("end to end: jobs to unregistered tokens → 410 results → one token event per dead token")
+    func jobsToTokenEvents() async throws {
+        var logger = Logger(label: "feedback-e2e-test")
+        logger.logLevel = .warning
+        let directory = NSTemporaryDirectory() + "apns-fleet-feedback-e2e-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let credentials = try DevCredentials.generate(topic: "com.example.app")
+        let summary = try credentials.write(to: directory)
+        func path(_ file: String) -> String { (directory as NSString).appendingPathComponent(file) }
+        let dead = [Self.token(0xD1), Self.token(0xD2), Self.token(0xD3)]
+        let alive = (0..<4).map { Self.token(UInt8(0x10 + $0)) }
+        var simulatorConfiguration = try credentials.simulatorConfiguration()
+        simulatorConfiguration.listeners.http2TLSPort = 0
+        simulatorConfiguration.behaviour.unregisteredTokens = Dictionary(uniqueKeysWithValues: dead.enumerated().map { ($1, 1_767_000_000_000 + Int64($0)) })
+        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
+        let port = try #require(simulator.port(.http2TLS))
+
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        let topics = TopicNames()
+        for topic in topics.all { try cluster.createTopic(topic, partitions: 3) }
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+        func consumer(_ group: String, _ topics: [String]) throws -> KafkaConsumer {
+            var configuration = KafkaConsumerConfiguration(client: client, groupID: group, topics: topics)
+            configuration.sessionTimeout = .seconds(6)
+            return try KafkaConsumer(configuration: configuration, logger: logger)
+        }
+        let app = AppConfiguration(
+            name: "example",
+            authentication: .token(keyFile: path(summary.signingKeyFile), keyID: summary.keyID, teamID: summary.teamID),
+            defaults: JobDefaults(topic: "com.example.app"),
+            endpoint: .custom(host: "127.0.0.1", port: port, caFile: path(summary.caFile)),
+            connections: 1
+        )
+        let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        let jobsConsumer = try consumer("push", [topics.jobs, topics.retry])
+        let pushWorker = PushWorker(
+            configuration: .init(fleet: FleetConfiguration(apps: [app]), workerID: "w", maxInFlight: 100),
+            consumer: jobsConsumer, producer: producer,
+            sender: APNsClientSender(clients: clients, requestTimeout: .seconds(10)), logger: logger
+        )
+        let resultsConsumer = try consumer("feedback", [topics.results])
+        let feedbackWorker = FeedbackWorker(
+            configuration: .init(topics: topics, pollInterval: .seconds(3600), ledgerCapacity: 1000),
+            consumer: resultsConsumer, producer: producer, feedbackServices: [], logger: logger
+        )
+        let reader = try consumer("reader", [topics.tokenEvents])
+        let events = Collected<TokenEvent>()
+
+        // Every dead token is sent to three times (a fan-out job and two single jobs), as
+        // producers do when they do not yet know a token is dead.
+        var jobs: [KafkaOutgoingMessage] = []
+        func job(_ id: String, _ tokens: [String]) {
+            let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
+            jobs.append(KafkaOutgoingMessage(topic: topics.jobs, key: Array(id.utf8), value: Array(#"{"id":"\#(id)","tokens":[\#(list)],"payload":{"aps":{}}}"#.utf8)))
+        }
+        job("fan", alive + dead)
+        for (index, token) in dead.enumerated() {
+            job("again-\(index)-a", [token])
+            job("again-\(index)-b", [token, alive[index]])
+        }
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await clients.run() }
+            group.addTask { try await producer.run() }
+            for service in [jobsConsumer, resultsConsumer, reader] as [KafkaConsumer] {
+                group.addTask { try await service.run() }
+            }
+            group.addTask { try await pushWorker.run() }
+            group.addTask { try await feedbackWorker.run() }
+            group.addTask {
+                for try await batch in reader.batches {
+                    for record in batch { events.append(try TokenEvent(decoding: record.value)) }
+                    reader.markFinished(batch)
+                }
+            }
+            for message in jobs { try await producer.send(message) }
+            let deadline = ContinuousClock.now + .seconds(90)
+            while events.count < dead.count || simulator.counters.snapshot().totals.answered < 16, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            // Give a repeated event every chance to show up before judging.
+            try await Task.sleep(for: .seconds(1))
+            for service in [jobsConsumer, resultsConsumer, reader] { service.close() }
+            clients.shutdown()
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+        await simulator.stop()
+
+        #expect(simulator.counters.snapshot().totals.answered == 16, "7 + 3 × 3 notifications sent")
+        let got = events.items.map { "\($0.token.prefix(4)) \($0.reason) \($0.invalidatedAt)" }.sorted()
+        #expect(got == ["d1d1 Unregistered 1767000000000", "d2d2 Unregistered 1767000000001", "d3d3 Unregistered 1767000000002"],
+                "one event per dead token, with APNs's 410 timestamp")
+        #expect(events.items.allSatisfy { $0.source == .http2 && $0.topic == "com.example.app" && $0.app == "example" })
     }
 }

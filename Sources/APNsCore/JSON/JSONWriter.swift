@@ -104,8 +104,22 @@ public struct JSONWriter {
 
     private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
 
+    private static func needsEscape(_ byte: UInt8) -> Bool {
+        byte < 0x20 || byte == 0x7F || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")
+    }
+
     private mutating func appendString(_ value: String) {
         bytes.append(UInt8(ascii: "\""))
+        // Almost every string (tokens, ids, topics, reasons) needs no escaping: copy it in one go.
+        let copied = value.utf8.withContiguousStorageIfAvailable { utf8 -> Bool in
+            guard !utf8.contains(where: Self.needsEscape) else { return false }
+            bytes.append(contentsOf: utf8)
+            return true
+        }
+        if copied == true {
+            bytes.append(UInt8(ascii: "\""))
+            return
+        }
         for byte in value.utf8 {
             switch byte {
             case UInt8(ascii: "\""): bytes.append(contentsOf: [UInt8(ascii: "\\"), UInt8(ascii: "\"")])
