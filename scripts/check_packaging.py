@@ -130,29 +130,42 @@ class SourceFacts:
 
     # Commands ----------------------------------------------------------------------------
 
+    @staticmethod
+    def _declared_flags(text: str) -> set[str]:
+        """The long (and short) flags declared with @Option/@Flag anywhere in `text`."""
+        flags = set()
+        for option in re.finditer(r"@(Option|Flag)\s*\(", text):
+            args = balanced(text, option.end() - 1)
+            var = re.match(r"\s*(?:var|let)\s+(\w+)", text[option.end() - 1 + len(args):])
+            if not var:
+                continue
+            custom = re.search(r'customLong\("([^"]+)"\)', args)
+            flags.add("--" + (custom.group(1) if custom else kebab(var.group(1))))
+            short = re.search(r"customShort\(\"(.)\"\)", args)
+            if short:
+                flags.add("-" + short.group(1))
+            if ".shortAndLong" in args:
+                flags.add("-" + var.group(1)[0])
+        return flags
+
     def _commands(self):
         directory = self.root / "Sources/apns-fleet"
         main = read(self.root / "Sources/apns-fleet/APNsFleet.swift")
+        sources = {path: read(path) for path in sorted(directory.rglob("*.swift"))}
+        # Option groups (`struct X: ParsableArguments`) that commands include with @OptionGroup.
+        groups: dict[str, set[str]] = {}
+        for text in sources.values():
+            for group in re.finditer(r"struct (\w+)\s*:\s*ParsableArguments", text):
+                groups[group.group(1)] = self._declared_flags(text)
         self.commands: dict[str, dict] = {}
-        for path in sorted(directory.rglob("*.swift")):
-            text = read(path)
+        for path, text in sources.items():
             for struct in re.finditer(r"struct (\w+)\s*:\s*(?:Async)?ParsableCommand", text):
                 name = re.search(r'commandName:\s*"([^"]+)"', text[struct.end():])
                 if not name:
                     continue
-                flags = {"--help", "-h", "--version"}
-                for option in re.finditer(r"@(Option|Flag)\s*\(", text):
-                    args = balanced(text, option.end() - 1)
-                    var = re.match(r"\s*(?:var|let)\s+(\w+)", text[option.end() - 1 + len(args):])
-                    if not var:
-                        continue
-                    custom = re.search(r'customLong\("([^"]+)"\)', args)
-                    flags.add("--" + (custom.group(1) if custom else kebab(var.group(1))))
-                    short = re.search(r"customShort\(\"(.)\"\)", args)
-                    if short:
-                        flags.add("-" + short.group(1))
-                    if ".shortAndLong" in args:
-                        flags.add("-" + var.group(1)[0])
+                flags = {"--help", "-h", "--version"} | self._declared_flags(text)
+                for included in re.finditer(r"@OptionGroup\s+var\s+\w+\s*:\s*(\w+)", text):
+                    flags |= groups.get(included.group(1), set())
                 self.commands[name.group(1)] = {
                     "struct": struct.group(1),
                     "file": path,
