@@ -58,13 +58,15 @@ struct BenchRecord {
     /// `"run": "median"`.
     static func median(of runs: [BenchRecord]) -> BenchRecord? {
         guard var result = runs.first else { return nil }
+        guard runs.count > 1 else { return result }
         for (key, value) in result.fields {
-            guard case .text = value else {
-                let values = runs.compactMap { $0[key]?.double }.sorted()
-                guard !values.isEmpty else { continue }
-                let middle = values.count % 2 == 1 ? values[values.count / 2] : (values[values.count / 2 - 1] + values[values.count / 2]) / 2
-                if case .number(_, let decimals) = value { result.set(key, middle, decimals: decimals) } else { result.set(key, middle, decimals: 1) }
-                continue
+            let values = runs.compactMap { $0[key]?.double }.sorted()
+            guard !values.isEmpty else { continue }
+            let middle = values.count % 2 == 1 ? values[values.count / 2] : (values[values.count / 2 - 1] + values[values.count / 2]) / 2
+            switch value {
+            case .text: continue
+            case .int: result[key] = middle == middle.rounded() ? .int(Int(middle)) : .number(middle, decimals: 1)
+            case .number(_, let decimals): result.set(key, middle, decimals: decimals)
             }
         }
         result.set("run", "median of \(runs.count)")
