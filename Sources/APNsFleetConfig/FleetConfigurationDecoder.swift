@@ -174,7 +174,13 @@ struct FleetConfigurationDecoder {
         let feedback = try hostPort(key("legacy-feedback"), tls: legacyTLS, caFile: legacyCA)
             ?? (usesCertificates ? legacyDefault(endpoint, gateway: false, tls: legacyTLS) : nil)
 
-        return AppConfiguration(
+        let legacyFormat: LegacyNotification.Format
+        switch try string(key("legacy-format")) ?? "enhanced" {
+        case "enhanced": legacyFormat = .enhanced
+        case "simple": legacyFormat = .simple
+        case let other: throw ConfigurationError(key: key("legacy-format"), "must be enhanced or simple, got \"\(other.prefix(40))\"")
+        }
+        var app = AppConfiguration(
             name: appName,
             authentication: authentication,
             defaults: defaults,
@@ -185,6 +191,9 @@ struct FleetConfigurationDecoder {
             legacyGateway: gateway,
             legacyFeedback: feedback
         )
+        app.legacyFormat = legacyFormat
+        app.legacyQuietPeriodMilliseconds = try int(key("legacy-quiet-period-ms"), default: 1000, range: 10...60_000)
+        return app
     }
 
     private func legacyDefault(_ endpoint: AppConfiguration.Endpoint, gateway: Bool, tls: Bool) -> LegacyEndpoint? {

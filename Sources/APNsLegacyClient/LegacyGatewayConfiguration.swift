@@ -67,6 +67,8 @@ public struct LegacyGatewayConfiguration: Sendable {
         var configuration = LegacyGatewayConfiguration(endpoint: endpoint, certificate: certificate)
         configuration.name = app.name
         configuration.connections = app.connections
+        configuration.format = app.legacyFormat
+        configuration.quietPeriod = .milliseconds(app.legacyQuietPeriodMilliseconds)
         return configuration
     }
 

@@ -39,6 +39,8 @@ private let yaml = """
         legacy-gateway: 127.0.0.1:2295
         legacy-feedback: 127.0.0.1:2296
         legacy-tls: false
+        legacy-format: simple
+        legacy-quiet-period-ms: 250
     worker:
       max-in-flight: 5000
     retry:
@@ -78,6 +80,9 @@ struct ConfigurationLoaderTests {
         let legacy = try #require(configuration.app(named: "legacy"))
         #expect(legacy.endpoint == .custom(host: "127.0.0.1", port: 8443, caFile: nil))
         #expect(legacy.transport == .binary)
+        #expect(legacy.legacyFormat == .simple && legacy.legacyQuietPeriodMilliseconds == 250)
+        #expect(example.legacyFormat == .enhanced && example.legacyQuietPeriodMilliseconds == 1000)
+        #expect(example.legacyFeedback == nil, "a token app gets no legacy endpoint by default")
         #expect(legacy.legacyGateway == LegacyEndpoint(host: "127.0.0.1", port: 2295, tls: false))
         #expect(configuration.worker.maxInFlight == 5000)
         #expect(configuration.retry.maxAttempts == 5)

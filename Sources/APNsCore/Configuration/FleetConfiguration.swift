@@ -215,6 +215,10 @@ public struct AppConfiguration: Sendable {
     /// The legacy binary gateway and feedback service, for `transport: binary` and feedback polling.
     public var legacyGateway: LegacyEndpoint?
     public var legacyFeedback: LegacyEndpoint?
+    /// The binary interface's notification format: enhanced (command 1, the default) or simple (command 0).
+    public var legacyFormat: LegacyNotification.Format = .enhanced
+    /// How long the gateway must stay silent before a binary notification counts as delivered. Default: 1 s.
+    public var legacyQuietPeriodMilliseconds = 1000
 
     public init(
         name: String,
