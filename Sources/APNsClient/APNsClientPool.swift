@@ -365,14 +365,16 @@ extension APNsClientPool: APNsConnectionEvents {
         Self.resume(served, connections)
     }
 
-    func connection(_ connection: APNsConnection, didFinishStreamAcceptingToken tokenAccepted: Bool) {
+    func connection(_ connection: APNsConnection, didFinishStreams count: Int, tokenAccepted: Bool) {
         let served = state.withLock { state -> [(connection: UInt64, waiter: Waiter, target: APNsConnection?)] in
             if tokenAccepted, state.tokenRejections.consecutive > 0 || state.configurationError != nil {
                 state.tokenRejections.accepted()
                 state.configurationError = nil
             }
-            return state.assignment.update(connection: connection.id) { $0.close(tokenAccepted: tokenAccepted) }
-                .map { ($0.connection, $0.waiter, state.connections[$0.connection]) }
+            let served = state.assignment.update(connection: connection.id) { $0.close(streams: count, tokenAccepted: tokenAccepted) }
+            // Nobody waiting is the steady state: no array is built for it.
+            if served.isEmpty { return [] }
+            return served.map { ($0.connection, $0.waiter, state.connections[$0.connection]) }
         }
         for (_, waiter, target) in served { waiter.resume(returning: target.map { .connection($0) } ?? .connectionFailed("the connection closed")) }
     }

@@ -12,8 +12,9 @@ import Synchronization
 protocol APNsConnectionEvents: AnyObject, Sendable {
     func connectionBecameReady(_ connection: APNsConnection, maxConcurrentStreams: UInt32?)
     func connection(_ connection: APNsConnection, didChangeMaxConcurrentStreams value: UInt32)
-    /// A stream ended (answered, refused, timed out or failed); `tokenAccepted` when the answer proved the token valid.
-    func connection(_ connection: APNsConnection, didFinishStreamAcceptingToken tokenAccepted: Bool)
+    /// `count` streams ended (answered, refused, timed out or failed); `tokenAccepted` when an
+    /// answer among them proved the token valid. Called once per batch of answers.
+    func connection(_ connection: APNsConnection, didFinishStreams count: Int, tokenAccepted: Bool)
     func connection(_ connection: APNsConnection, didRejectProviderToken reason: APNsReason)
     /// GOAWAY arrived, the connection was retired, or it closed: no new work.
     func connectionBecameUnusable(_ connection: APNsConnection)
@@ -67,7 +68,11 @@ final class APNsConnection: @unchecked Sendable {
     // Loop-confined.
     private var channel: (any Channel)?
     private var session: HTTP2Session?
-    private var streams: [Int32: InFlight] = [:]
+    private var streams: StreamTable<InFlight>
+    /// The stream whose header block is being received and its table slot (header fields of one
+    /// block arrive back to back), so each field costs no lookup.
+    private var headerStream: Int32 = 0
+    private var headerLocation: StreamTable<InFlight>.Location?
     private var tokenSchedule: ProviderTokenSchedule
     private var authorization: String?
     private var ready = false
@@ -78,8 +83,19 @@ final class APNsConnection: @unchecked Sendable {
     private var pingSentAt: NIODeadline?
     private var sweepTask: Scheduled<Void>?
     private var drainDeadline: NIODeadline?
-    private var requestHeaders: [HTTP2Header] = []
+    /// Reused for every request's header fields (no String or array allocated per request).
+    private var requestHeaders = HTTP2HeaderBlock()
     private var spareBatch: [APNsRequest] = []
+    /// Outcomes decided during a read burst (or another event-loop task), delivered together:
+    /// the pool hears once per batch, then every caller is resumed.
+    private var completions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
+    private var spareCompletions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
+    private var completionsAcceptedToken = false
+    private var completionFlushScheduled = false
+    /// Set by frames received since the last flush; `lastRead` is updated once per burst.
+    private var readSinceFlush = false
+    /// One clock reading per burst for answer latencies.
+    private var burstNow: NIODeadline?
     private(set) var hadSuccess = false
     /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
     private let successSeen = Atomic<Bool>(false)
@@ -89,21 +105,27 @@ final class APNsConnection: @unchecked Sendable {
     private let unusablePromise: EventLoopPromise<Void>
     private let closedPromise: EventLoopPromise<Void>
 
+    /// What a stream needs until its answer (the notification itself is not kept).
     private struct InFlight {
-        var request: APNsRequest
+        var continuation: OutcomeContinuation
+        var deadline: NIODeadline
+        var start: NIODeadline
+        /// The request's apns-id: an answer echoing it reuses the String instead of decoding one.
+        var requestedAPNsID: String?
         var status = 0
         var apnsID: String?
         var apnsUniqueID: String?
         var body: ByteBuffer?
+
+        init(_ request: APNsRequest) {
+            continuation = request.continuation
+            deadline = request.deadline
+            start = request.start
+            requestedAPNsID = request.notification.apnsID
+        }
     }
 
-    private let authorityHeader: HTTP2Header
-    private static let methodHeader = HTTP2Header(":method", "POST")
-    private static let schemeHeader = HTTP2Header(":scheme", "https")
-    private static let priority10 = HTTP2Header("apns-priority", "10")
-    private static let priority5 = HTTP2Header("apns-priority", "5")
-    private static let priority1 = HTTP2Header("apns-priority", "1")
-    private static let expirationZero = HTTP2Header("apns-expiration", "0")
+    private let authority: String
 
     init(id: UInt64, eventLoop: any EventLoop, configuration: APNsClientConfiguration, events: any APNsConnectionEvents, logger: Logger, metrics: ClientMetrics) {
         self.id = id
@@ -115,11 +137,11 @@ final class APNsConnection: @unchecked Sendable {
         logger[metadataKey: "apns.connection"] = "\(id)"
         self.logger = logger
         self.tokenSchedule = ProviderTokenSchedule(refreshAge: configuration.tokenRefreshAge)
-        self.authorityHeader = HTTP2Header(":authority", configuration.endpoint.host)
+        self.authority = configuration.endpoint.host
+        self.streams = StreamTable(minimumCapacity: configuration.maximumStreamsPerConnection)
         self.readyPromise = eventLoop.makePromise()
         self.unusablePromise = eventLoop.makePromise()
         self.closedPromise = eventLoop.makePromise()
-        requestHeaders.reserveCapacity(10)
     }
 
     /// Completes when the connection takes no more work (GOAWAY, retired, closed).
@@ -178,7 +200,9 @@ final class APNsConnection: @unchecked Sendable {
     /// Called by the handshake handler once TLS is up with ALPN h2.
     fileprivate func installHTTP2(on channel: any Channel) throws {
         self.channel = channel
-        let session = try HTTP2Session(role: .client, delegate: SessionDelegate(self))
+        // The session holds the connection strongly (weak references are slow to load on every
+        // callback); `handleClose` breaks the cycle.
+        let session = try HTTP2Session(role: .client, delegate: self)
         self.session = session
         let handler = HTTP2ChannelHandler(session: session, initialSettings: [
             HTTP2Setting(.enablePush, 0),
@@ -228,60 +252,55 @@ final class APNsConnection: @unchecked Sendable {
         batch.removeAll(keepingCapacity: true)
         spareBatch = batch
         session?.flush()
+        flushCompletions()
     }
 
     private func submit(_ request: APNsRequest, now: NIODeadline) {
         guard let session, !closed else {
-            finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
+            finish(request.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
             return
         }
         if unusable {
-            finish(request, .notAnswered(APNsNotAnswered(.goAway, "the connection was going away before the request was written", certainlyNotProcessed: true)))
+            finish(request.continuation, .notAnswered(APNsNotAnswered(.goAway, "the connection was going away before the request was written", certainlyNotProcessed: true)))
             return
         }
         if request.deadline <= now {
-            finish(request, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
+            finish(request.continuation, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
             return
         }
         let notification = request.notification
-        requestHeaders.removeAll(keepingCapacity: true)
-        requestHeaders.append(Self.methodHeader)
-        requestHeaders.append(Self.schemeHeader)
-        requestHeaders.append(HTTP2Header(":path", "/3/device/" + notification.deviceToken, neverIndex: true))
-        requestHeaders.append(authorityHeader)
+        requestHeaders.removeAll()
+        requestHeaders.append(":method", "POST")
+        requestHeaders.append(":scheme", "https")
+        requestHeaders.append(":path", prefix: "/3/device/", notification.deviceToken, neverIndex: true)
+        requestHeaders.append(":authority", authority)
         if case .token(let signer) = configuration.authentication {
             guard let authorization = currentAuthorization(signer) else {
-                finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
+                finish(request.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
                 return
             }
-            requestHeaders.append(HTTP2Header("authorization", authorization, neverIndex: true))
+            requestHeaders.append("authorization", authorization, neverIndex: true)
         }
-        if let apnsID = notification.apnsID { requestHeaders.append(HTTP2Header("apns-id", apnsID)) }
-        if let expiration = notification.expiration {
-            requestHeaders.append(expiration == 0 ? Self.expirationZero : HTTP2Header("apns-expiration", String(expiration)))
-        }
+        if let apnsID = notification.apnsID { requestHeaders.append("apns-id", apnsID) }
+        if let expiration = notification.expiration { requestHeaders.append("apns-expiration", decimal: expiration) }
         if let priority = notification.priority {
             switch priority {
-            case .immediate: requestHeaders.append(Self.priority10)
-            case .powerConsiderate: requestHeaders.append(Self.priority5)
-            case .low: requestHeaders.append(Self.priority1)
+            case .immediate: requestHeaders.append("apns-priority", "10" as StaticString)
+            case .powerConsiderate: requestHeaders.append("apns-priority", "5" as StaticString)
+            case .low: requestHeaders.append("apns-priority", "1" as StaticString)
             }
         }
-        if let topic = notification.topic { requestHeaders.append(HTTP2Header("apns-topic", topic)) }
-        if let collapseID = notification.collapseID { requestHeaders.append(HTTP2Header("apns-collapse-id", collapseID)) }
-        if let pushType = notification.pushType { requestHeaders.append(HTTP2Header("apns-push-type", pushType.rawValue)) }
+        if let topic = notification.topic { requestHeaders.append("apns-topic", topic) }
+        if let collapseID = notification.collapseID { requestHeaders.append("apns-collapse-id", collapseID) }
+        if let pushType = notification.pushType { requestHeaders.append("apns-push-type", pushType.rawValue) }
 
-        var body: ByteBuffer?
-        if notification.payload.count > 0, let channel {
-            var buffer = channel.allocator.buffer(capacity: notification.payload.count)
-            buffer.writeBytes(notification.payload.bytes)
-            body = buffer
-        }
         do {
-            let stream = try session.submitRequest(headers: requestHeaders, body: body)
-            streams[stream] = InFlight(request: request)
+            // The payload goes into DATA frames straight from the notification's bytes.
+            let stream = try session.submitRequest(requestHeaders, body: notification.payload.bytes)
+            streams.insert(InFlight(request), for: stream)
+            headerStream = 0
         } catch {
-            finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
+            finish(request.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
         }
     }
 
@@ -307,18 +326,59 @@ final class APNsConnection: @unchecked Sendable {
         }
     }
 
-    /// Resumes the caller and gives the stream back to the pool.
-    private func finish(_ request: APNsRequest, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
-        events.connection(self, didFinishStreamAcceptingToken: tokenAccepted)
-        metrics.record(outcome)
-        request.continuation.resume(returning: outcome)
+    /// Decides a request's outcome; the caller is resumed, and the stream given back to the
+    /// pool, by the next `flushCompletions` (at the end of this burst or event-loop task).
+    private func finish(_ continuation: OutcomeContinuation, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
+        completions.append((continuation, outcome))
+        if tokenAccepted { completionsAcceptedToken = true }
+        if !completionFlushScheduled {
+            // A safety net: every path that finishes requests also flushes, usually sooner.
+            completionFlushScheduled = true
+            eventLoop.execute { [self] in
+                completionFlushScheduled = false
+                flushCompletions()
+            }
+        }
+    }
+
+    /// Gives the finished streams back to the pool (one lock for the batch), records metrics,
+    /// then resumes the callers.
+    private func flushCompletions() {
+        burstNow = nil
+        guard !completions.isEmpty else { return }
+        var batch = spareCompletions
+        spareCompletions = []
+        swap(&batch, &completions)
+        let tokenAccepted = completionsAcceptedToken
+        completionsAcceptedToken = false
+        events.connection(self, didFinishStreams: batch.count, tokenAccepted: tokenAccepted)
+        metrics.record(batch.lazy.map(\.outcome))
+        for completion in batch {
+            completion.continuation.resume(returning: completion.outcome)
+        }
+        batch.removeAll(keepingCapacity: true)
+        spareCompletions = batch
+    }
+
+    private var now: NIODeadline {
+        if let burstNow { return burstNow }
+        let now = NIODeadline.now()
+        burstNow = now
+        return now
+    }
+
+    fileprivate func beganHeaders(on stream: Int32) {
+        readSinceFlush = true
+        headerStream = stream
+        headerLocation = streams.location(of: stream)
     }
 
     fileprivate func receivedHeader(_ field: HTTP2HeaderField, on stream: Int32) {
-        guard streams[stream] != nil else { return }
+        if stream != headerStream { beganHeaders(on: stream) }
+        guard let location = headerLocation else { return }
         switch field.nameCount {
         case 7 where field.nameEquals(":status"):
-            streams[stream]?.status = field.withValueBytes { bytes in
+            let status = field.withValueBytes { bytes in
                 var value = 0
                 for byte in bytes {
                     guard byte >= 0x30, byte <= 0x39 else { return 0 }
@@ -326,26 +386,38 @@ final class APNsConnection: @unchecked Sendable {
                 }
                 return value
             }
+            streams.update(stream, at: location) { $0.status = status }
         case 7 where field.nameEquals("apns-id"):
-            streams[stream]?.apnsID = field.value
+            streams.update(stream, at: location) { inFlight in
+                // APNs echoes the request's apns-id: reuse that String when the bytes match.
+                if let requested = inFlight.requestedAPNsID, field.withValueBytes({ $0.elementsEqual(requested.utf8) }) {
+                    inFlight.apnsID = requested
+                } else {
+                    inFlight.apnsID = field.value
+                }
+            }
         case 14 where field.nameEquals("apns-unique-id"):
-            streams[stream]?.apnsUniqueID = field.value
+            streams.update(stream, at: location) { $0.apnsUniqueID = field.value }
         default:
             break
         }
     }
 
     fileprivate func receivedData(_ chunk: HTTP2DataChunk, on stream: Int32) {
-        guard var inFlight = streams[stream], let channel else { return }
-        // APNs error bodies are tiny JSON objects; anything beyond 8 KB is not kept.
-        var body = inFlight.body ?? channel.allocator.buffer(capacity: max(64, min(chunk.count, 8192)))
-        guard body.readableBytes + chunk.count <= 8192 else { return }
-        chunk.append(to: &body)
-        inFlight.body = body
-        streams[stream] = inFlight
+        readSinceFlush = true
+        guard let location = streams.location(of: stream), let channel else { return }
+        streams.update(stream, at: location) { inFlight in
+            // APNs error bodies are tiny JSON objects; anything beyond 8 KB is not kept.
+            var body = inFlight.body ?? channel.allocator.buffer(capacity: max(64, min(chunk.count, 8192)))
+            guard body.readableBytes + chunk.count <= 8192 else { return }
+            chunk.append(to: &body)
+            inFlight.body = body
+        }
     }
 
     fileprivate func receivedEndStream(on stream: Int32) {
+        readSinceFlush = true
+        headerStream = 0
         guard let inFlight = streams.removeValue(forKey: stream) else { return }
         var reason: APNsReason?
         var timestamp: Int64?
@@ -358,7 +430,7 @@ final class APNsConnection: @unchecked Sendable {
             apnsID: inFlight.apnsID,
             apnsUniqueID: inFlight.apnsUniqueID,
             timestamp: timestamp,
-            latency: Self.duration(from: inFlight.request.start, to: .now())
+            latency: Self.duration(from: inFlight.start, to: now)
         )
         let tokenAccepted = StreamBudget.provesTokenValid(status: response.status, reason: reason)
         if response.status == 200, !hadSuccess {
@@ -368,7 +440,7 @@ final class APNsConnection: @unchecked Sendable {
         if let reason, reason.known?.refreshesProviderToken == true, configuration.authentication.isToken {
             events.connection(self, didRejectProviderToken: reason)
         }
-        finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
+        finish(inFlight.continuation, .answered(response), tokenAccepted: tokenAccepted)
         closeIfDrained()
     }
 
@@ -380,7 +452,9 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     fileprivate func streamClosed(_ stream: Int32, errorCode: HTTP2ErrorCode) {
-        guard let inFlight = streams.removeValue(forKey: stream) else { return }
+        // Answered streams already left the table: a miss is the common case.
+        guard !streams.isEmpty, let inFlight = streams.removeValue(forKey: stream) else { return }
+        headerStream = 0
         let outcome: APNsNotAnswered
         if errorCode == .refusedStream {
             if let last = goAwayLastStreamID, stream > last {
@@ -391,7 +465,7 @@ final class APNsConnection: @unchecked Sendable {
         } else {
             outcome = APNsNotAnswered(.connectionFailed, "stream \(stream) closed without an answer (\(errorCode))", certainlyNotProcessed: false)
         }
-        finish(inFlight.request, .notAnswered(outcome))
+        finish(inFlight.continuation, .notAnswered(outcome))
         closeIfDrained()
     }
 
@@ -410,9 +484,10 @@ final class APNsConnection: @unchecked Sendable {
         becomeUnusable()
         // Streams above the last one APNs will process are answered now (exactly once: they
         // leave `streams` here, so their later close is ignored) and retried elsewhere.
-        for stream in streams.keys.sorted() where stream > goAway.lastStreamID {
+        headerStream = 0
+        for stream in streams.sortedKeys where stream > goAway.lastStreamID {
             if let inFlight = streams.removeValue(forKey: stream) {
-                finish(inFlight.request, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
+                finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
             }
         }
         closeIfDrained()
@@ -436,7 +511,16 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     fileprivate func markRead() {
-        lastRead = .now()
+        readSinceFlush = true
+    }
+
+    /// Once per burst, before its output is written.
+    fileprivate func willFlush() {
+        if readSinceFlush {
+            readSinceFlush = false
+            lastRead = now
+        }
+        flushCompletions()
     }
 
     /// Stops taking work: the pool will open a replacement; this one closes once idle.
@@ -480,18 +564,21 @@ final class APNsConnection: @unchecked Sendable {
         sweepTask?.cancel()
         readyPromise.fail(APNsClientError(.connect, "the connection closed before HTTP/2 was ready"))
         becomeUnusable()
-        let lost = streams
-        streams.removeAll()
-        for (stream, inFlight) in lost.sorted(by: { $0.key < $1.key }) {
+        headerStream = 0
+        let lost = streams.removeAll()
+        for (stream, inFlight) in lost {
             let certain = goAwayLastStreamID.map { stream > $0 } ?? false
-            finish(inFlight.request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
+            finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
         }
+        // Breaks the connection <-> session cycle.
+        session?.delegate = nil
         metrics.connectionEvent("closed")
         logger.debug("Connection closed", metadata: ["apns.lost_streams": "\(lost.count)"])
         events.connectionDidClose(self)
         finishClosed()
         // Requests that arrived after the close are failed by the drain.
         drainPending()
+        flushCompletions()
     }
 
     private func finishClosed() {
@@ -515,22 +602,23 @@ final class APNsConnection: @unchecked Sendable {
         var wrote = false
         if !streams.isEmpty {
             var expired: [Int32] = []
-            for (stream, inFlight) in streams where inFlight.request.deadline <= now {
-                expired.append(stream)
+            streams.forEach { stream, inFlight in
+                if inFlight.deadline <= now { expired.append(stream) }
             }
+            if !expired.isEmpty { headerStream = 0 }
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
-                finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
+                finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
             }
         }
         if let drainDeadline, now >= drainDeadline, !streams.isEmpty {
-            for (stream, inFlight) in streams.sorted(by: { $0.key < $1.key }) {
+            headerStream = 0
+            for (stream, inFlight) in streams.removeAll() {
                 try? session.submitResetStream(stream, errorCode: .cancel)
-                finish(inFlight.request, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
+                finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
             }
-            streams.removeAll()
             wrote = true
         }
         if let pingSentAt {
@@ -539,6 +627,7 @@ final class APNsConnection: @unchecked Sendable {
                 metrics.connectionEvent("dead")
                 // Answer everything now: a graceful TLS close would wait for a peer that is gone.
                 let channel = self.channel
+                flushCompletions()
                 handleClose()
                 channel?.close(promise: nil)
                 return
@@ -555,6 +644,7 @@ final class APNsConnection: @unchecked Sendable {
         }
         if wrote { session.flush() }
         closeIfDrained()
+        flushCompletions()
     }
 
     static func duration(from start: NIODeadline, to end: NIODeadline) -> Duration {
@@ -569,47 +659,49 @@ extension TimeAmount {
     }
 }
 
-/// The session's delegate: forwards to the connection (held weakly, as the session asks).
-private final class SessionDelegate: HTTP2SessionDelegate {
-    weak var connection: APNsConnection?
-
-    init(_ connection: APNsConnection) {
-        self.connection = connection
+// The session's delegate. All calls arrive on the connection's event loop.
+extension APNsConnection: HTTP2SessionDelegate {
+    func http2(_ session: HTTP2Session, didBeginHeadersOn stream: Int32) {
+        beganHeaders(on: stream)
     }
 
     func http2(_ session: HTTP2Session, didReceiveHeader field: HTTP2HeaderField, on stream: Int32) {
-        connection?.receivedHeader(field, on: stream)
+        receivedHeader(field, on: stream)
     }
 
     func http2(_ session: HTTP2Session, didReceiveHeadersOn stream: Int32) {
-        connection?.markRead()
+        markRead()
     }
 
     func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32) {
-        connection?.receivedData(chunk, on: stream)
+        receivedData(chunk, on: stream)
     }
 
     func http2(_ session: HTTP2Session, didReceiveEndStreamOn stream: Int32) {
-        connection?.receivedEndStream(on: stream)
+        receivedEndStream(on: stream)
     }
 
     func http2(_ session: HTTP2Session, didCloseStream stream: Int32, errorCode: HTTP2ErrorCode) {
-        connection?.streamClosed(stream, errorCode: errorCode)
+        streamClosed(stream, errorCode: errorCode)
     }
 
     func http2(_ session: HTTP2Session, didReceiveGoAway goAway: HTTP2GoAway) {
-        connection?.markRead()
-        connection?.receivedGoAway(goAway)
+        markRead()
+        receivedGoAway(goAway)
     }
 
     func http2(_ session: HTTP2Session, didReceivePingAck opaqueData: UInt64) {
-        connection?.markRead()
-        connection?.receivedPingAck()
+        markRead()
+        receivedPingAck()
     }
 
     func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting]) {
-        connection?.markRead()
-        connection?.receivedSettings(settings)
+        markRead()
+        receivedSettings(settings)
+    }
+
+    func http2SessionWillFlush(_ session: HTTP2Session) {
+        willFlush()
     }
 }
 

@@ -60,6 +60,20 @@ final class ClientMetrics: Sendable {
         }
     }
 
+    /// Records a batch of outcomes: 200s are counted once for the batch.
+    func record<Outcomes: Sequence<APNsOutcome>>(_ outcomes: Outcomes) {
+        var answeredOK = 0
+        for outcome in outcomes {
+            if case .answered(let response) = outcome, response.status == 200, response.reason == nil {
+                latency.recordNanoseconds(Int64(response.latency.components.seconds) * 1_000_000_000 + response.latency.components.attoseconds / 1_000_000_000)
+                answeredOK += 1
+            } else {
+                record(outcome)
+            }
+        }
+        if answeredOK > 0 { ok.increment(by: answeredOK) }
+    }
+
     func recordPool(streamLimit: Int, usableConnections: Int, inFlight: Int) {
         self.streamLimit.record(streamLimit)
         self.usableConnections.record(usableConnections)

@@ -56,6 +56,12 @@ public struct StreamBudget: Sendable, Hashable {
         if tokenAccepted { singleStreamUntilSuccess = false }
     }
 
+    /// `count` streams ended; `tokenAccepted` when an answer among them proves the token valid.
+    public mutating func close(streams count: Int, tokenAccepted: Bool) {
+        inFlight = max(0, inFlight - count)
+        if tokenAccepted { singleStreamUntilSuccess = false }
+    }
+
     public mutating func goAwayReceived() {
         goingAway = true
     }

@@ -13,9 +13,19 @@ enum HTTP2Callbacks {
         nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, onFrameSent)
     }
 
-    /// A data provider whose read callback drains the session's registered body for the stream.
-    static func bodyProvider() -> nghttp2_data_provider {
-        nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: readBody)
+    /// A data provider whose read callback drains the session's body in `slot`.
+    static func bodyProvider(slot: Int) -> nghttp2_data_provider {
+        nghttp2_data_provider(source: nghttp2_data_source(ptr: slotPointer(slot)), read_callback: readBody)
+    }
+
+    /// A body slot as an opaque pointer (slot + 1, so that slot 0 is not null).
+    static func slotPointer(_ slot: Int) -> UnsafeMutableRawPointer? {
+        UnsafeMutableRawPointer(bitPattern: slot + 1)
+    }
+
+    static func slot(_ pointer: UnsafeMutableRawPointer?) -> Int? {
+        guard let pointer else { return nil }
+        return Int(bitPattern: pointer) - 1
     }
 
     @inline(__always)
@@ -108,10 +118,12 @@ enum HTTP2Callbacks {
         return 0
     }
 
-    private static let readBody: nghttp2_data_source_read_callback = { _, streamID, buffer, length, flags, _, userData in
-        guard let session = HTTP2Callbacks.session(userData), let buffer, let flags else {
+    private static let readBody: nghttp2_data_source_read_callback = { _, streamID, buffer, length, flags, source, userData in
+        guard let session = HTTP2Callbacks.session(userData), let buffer, let flags,
+              let slot = HTTP2Callbacks.slot(source?.pointee.ptr)
+        else {
             return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue)
         }
-        return session.readBody(stream: streamID, into: buffer, length: length, flags: flags)
+        return session.readBody(slot: slot, stream: streamID, into: buffer, length: length, flags: flags)
     }
 }

@@ -16,6 +16,10 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
     private var started = false
     private var inReadBurst = false
     private var closed = false
+    /// The output buffer, kept between flushes: TLS has encrypted its bytes by the time
+    /// `writeAndFlush` returns, so clearing it reuses the storage instead of allocating (if
+    /// anything still holds it, copy-on-write allocates anew).
+    private var output: ByteBuffer?
     /// Called with a description when the session fails and the connection is closed.
     public var onError: ((HTTP2Error) -> Void)?
 
@@ -71,7 +75,8 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
     func flushOutput() {
         guard !inReadBurst, !closed, let context else { return }
         session.delegate?.http2SessionWillFlush(session)
-        var buffer = context.channel.allocator.buffer(capacity: 4096)
+        var buffer = output.take() ?? context.channel.allocator.buffer(capacity: 16384)
+        buffer.clear()
         do {
             try session.produceOutput(into: &buffer)
         } catch {
@@ -81,6 +86,8 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
         if buffer.readableBytes > 0 {
             context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         }
+        // A buffer grown by a huge burst is not kept.
+        if buffer.capacity <= 1 << 20 { output = buffer }
         if !session.wantsRead && !session.wantsWrite {
             closeConnection()
         }

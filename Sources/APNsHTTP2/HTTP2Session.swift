@@ -94,11 +94,14 @@ public final class HTTP2Session {
     public var delegate: (any HTTP2SessionDelegate)?
 
     private let raw: OpaquePointer
-    /// Bodies still to send, by stream; the data provider's read callback drains them.
-    private var bodies: [Int32: ByteBuffer] = [:]
-    /// Reused storage for header name/value bytes and nghttp2_nv entries, so submitting
-    /// headers does not allocate in steady state.
-    private var headerBytes: [UInt8] = []
+    /// Bodies still to send. A stream's data provider carries its slot index (plus one) as
+    /// `source.ptr`, and so does the stream's user data, so finding a body hashes nothing;
+    /// freed slots are reused.
+    private var bodies: [PendingBody] = []
+    private var freeBodySlots: [Int] = []
+    /// Reused storage for header fields and nghttp2_nv entries, so submitting headers does not
+    /// allocate in steady state.
+    private var scratchHeaders = HTTP2HeaderBlock()
     private var nameValues: [nghttp2_nv] = []
     /// The channel handler that moves bytes, set when a handler adopts the session and cleared
     /// when it is removed (a strong reference: weak ones make every retain take a slow path).
@@ -184,30 +187,50 @@ public final class HTTP2Session {
 
     /// Sends a response on `stream`: HEADERS, then `body` as DATA if it has bytes (END_STREAM on the last frame).
     public func submitResponse(stream: Int32, headers: [HTTP2Header], body: ByteBuffer? = nil) throws(HTTP2Error) {
+        fillScratch(headers)
         let rc: Int32
         if let body, body.readableBytes > 0 {
-            bodies[stream] = body
-            rc = withNameValues(headers) { nva, count in
-                var provider = HTTP2Callbacks.bodyProvider()
+            let slot = storeBody(.buffer(body), stream: stream)
+            rc = withNameValues(scratchHeaders) { nva, count in
+                var provider = HTTP2Callbacks.bodyProvider(slot: slot)
                 return nghttp2_submit_response(raw, stream, nva, count, &provider)
             }
-            if rc != 0 { bodies[stream] = nil }
+            if rc == 0 {
+                nghttp2_session_set_stream_user_data(raw, stream, HTTP2Callbacks.slotPointer(slot))
+            } else {
+                releaseBody(slot: slot)
+            }
         } else {
-            rc = withNameValues(headers) { nva, count in nghttp2_submit_response(raw, stream, nva, count, nil) }
+            rc = withNameValues(scratchHeaders) { nva, count in nghttp2_submit_response(raw, stream, nva, count, nil) }
         }
         if rc != 0 { throw HTTP2Error("submit response on stream \(stream)", code: Int(rc)) }
     }
 
     /// Opens a stream with a request (clients); returns its stream id.
     public func submitRequest(headers: [HTTP2Header], body: ByteBuffer? = nil) throws(HTTP2Error) -> Int32 {
+        fillScratch(headers)
+        let body = body.flatMap { $0.readableBytes > 0 ? PendingBody.Bytes.buffer($0) : nil }
+        return try submitRequest(scratchHeaders, body: body)
+    }
+
+    /// Opens a stream with a request (clients) whose fields are laid out in `headers`, and
+    /// `body` as DATA (sent as is, without a copy until it goes into a frame); returns its stream id.
+    public func submitRequest(_ headers: HTTP2HeaderBlock, body: ArraySlice<UInt8>) throws(HTTP2Error) -> Int32 {
+        let pending: PendingBody.Bytes? = body.isEmpty ? nil : .bytes(body)
+        return try submitRequest(headers, body: pending)
+    }
+
+    private func submitRequest(_ headers: HTTP2HeaderBlock, body: PendingBody.Bytes?) throws(HTTP2Error) -> Int32 {
         let stream: Int32
-        if let body, body.readableBytes > 0 {
+        if let body {
+            // The body is read during a later `produceOutput`; the slot is freed at its end or
+            // when the stream closes first.
+            let slot = storeBody(body, stream: 0)
             stream = withNameValues(headers) { nva, count in
-                var provider = HTTP2Callbacks.bodyProvider()
-                return nghttp2_submit_request(raw, nil, nva, count, &provider, nil)
+                var provider = HTTP2Callbacks.bodyProvider(slot: slot)
+                return nghttp2_submit_request(raw, nil, nva, count, &provider, HTTP2Callbacks.slotPointer(slot))
             }
-            // The body is read during a later `produceOutput`, so registering it now is in time.
-            if stream > 0 { bodies[stream] = body }
+            if stream > 0 { bodies[slot].stream = stream } else { releaseBody(slot: slot) }
         } else {
             stream = withNameValues(headers) { nva, count in nghttp2_submit_request(raw, nil, nva, count, nil, nil) }
         }
@@ -249,59 +272,111 @@ public final class HTTP2Session {
 
     // MARK: Callbacks (called by `HTTP2Callbacks` on the event loop, inside receive/produceOutput)
 
-    func readBody(stream: Int32, into destination: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard var body = bodies[stream] else {
+    func readBody(slot: Int, stream: Int32, into destination: UnsafeMutablePointer<UInt8>, length: Int, flags: UnsafeMutablePointer<UInt32>) -> Int {
+        guard slot >= 0, slot < bodies.count, bodies[slot].stream == stream else {
             flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
             return 0
         }
-        let count = min(length, body.readableBytes)
-        body.withUnsafeReadableBytes { source in
-            if let base = source.baseAddress, count > 0 {
-                destination.update(from: base.assumingMemoryBound(to: UInt8.self), count: count)
+        let offset = bodies[slot].offset
+        let count: Int
+        switch bodies[slot].bytes {
+        case .bytes(let bytes):
+            count = min(length, bytes.count - offset)
+            bytes.withUnsafeBytes { source in
+                if let base = source.baseAddress, count > 0 {
+                    UnsafeMutableRawPointer(destination).copyMemory(from: base + offset, byteCount: count)
+                }
             }
+        case .buffer(let buffer):
+            count = min(length, buffer.readableBytes - offset)
+            buffer.withUnsafeReadableBytes { source in
+                if let base = source.baseAddress, count > 0 {
+                    UnsafeMutableRawPointer(destination).copyMemory(from: base + offset, byteCount: count)
+                }
+            }
+        case .none:
+            count = 0
         }
-        body.moveReaderIndex(forwardBy: count)
-        if body.readableBytes == 0 {
+        bodies[slot].offset = offset + count
+        if count == 0 || bodies[slot].isDrained {
             flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
-            bodies[stream] = nil
-        } else {
-            bodies[stream] = body
+            releaseBody(slot: slot)
         }
         return count
     }
 
     func streamClosed(_ stream: Int32, errorCode: UInt32) {
-        bodies[stream] = nil
+        // A body not sent in full (the stream was reset first) gives its slot back.
+        if bodies.count > freeBodySlots.count,
+           let slot = HTTP2Callbacks.slot(nghttp2_session_get_stream_user_data(raw, stream)),
+           slot < bodies.count, bodies[slot].stream == stream {
+            releaseBody(slot: slot)
+        }
         delegate?.http2(self, didCloseStream: stream, errorCode: HTTP2ErrorCode(rawValue: errorCode))
     }
 
-    /// Lays the headers out as `nghttp2_nv` entries over one reused byte array.
-    private func withNameValues<R>(_ headers: [HTTP2Header], _ body: (UnsafePointer<nghttp2_nv>?, Int) -> R) -> R {
-        headerBytes.removeAll(keepingCapacity: true)
-        for header in headers {
-            headerBytes.append(contentsOf: header.name.utf8)
-            headerBytes.append(contentsOf: header.value.utf8)
+    private func storeBody(_ bytes: PendingBody.Bytes, stream: Int32) -> Int {
+        if let slot = freeBodySlots.popLast() {
+            bodies[slot] = PendingBody(stream: stream, bytes: bytes)
+            return slot
         }
-        headerBytes.append(0)  // never empty, so the base address exists
-        return headerBytes.withUnsafeMutableBufferPointer { bytes in
+        bodies.append(PendingBody(stream: stream, bytes: bytes))
+        return bodies.count - 1
+    }
+
+    private func releaseBody(slot: Int) {
+        bodies[slot] = PendingBody(stream: 0, bytes: .none)
+        freeBodySlots.append(slot)
+    }
+
+    private func fillScratch(_ headers: [HTTP2Header]) {
+        scratchHeaders.removeAll()
+        for header in headers { scratchHeaders.append(header) }
+    }
+
+    /// Lays the fields out as `nghttp2_nv` entries pointing into the block's bytes (nghttp2
+    /// copies them during the submit call).
+    private func withNameValues<R>(_ headers: HTTP2HeaderBlock, _ body: (UnsafePointer<nghttp2_nv>?, Int) -> R) -> R {
+        headers.bytes.withUnsafeBufferPointer { bytes in
             nameValues.removeAll(keepingCapacity: true)
             guard let base = bytes.baseAddress else { return body(nil, 0) }
+            let start = UnsafeMutablePointer(mutating: base)
             var position = 0
-            for header in headers {
-                let nameCount = header.name.utf8.count
-                let valueCount = header.value.utf8.count
+            for field in headers.fields {
                 nameValues.append(
                     nghttp2_nv(
-                        name: base + position,
-                        value: base + position + nameCount,
-                        namelen: nameCount,
-                        valuelen: valueCount,
-                        flags: UInt8(header.neverIndex ? NGHTTP2_NV_FLAG_NO_INDEX.rawValue : NGHTTP2_NV_FLAG_NONE.rawValue)
+                        name: start + position,
+                        value: start + position + field.nameCount,
+                        namelen: field.nameCount,
+                        valuelen: field.valueCount,
+                        flags: UInt8(field.neverIndex ? NGHTTP2_NV_FLAG_NO_INDEX.rawValue : NGHTTP2_NV_FLAG_NONE.rawValue)
                     )
                 )
-                position += nameCount + valueCount
+                position += field.nameCount + field.valueCount
             }
             return nameValues.withUnsafeBufferPointer { body($0.baseAddress, $0.count) }
+        }
+    }
+}
+
+/// A body waiting to be sent as DATA.
+private struct PendingBody {
+    enum Bytes {
+        case bytes(ArraySlice<UInt8>)
+        case buffer(ByteBuffer)
+        case none
+    }
+
+    /// 0 while free (or before the stream id is known).
+    var stream: Int32
+    var bytes: Bytes
+    var offset = 0
+
+    var isDrained: Bool {
+        switch bytes {
+        case .bytes(let bytes): offset >= bytes.count
+        case .buffer(let buffer): offset >= buffer.readableBytes
+        case .none: true
         }
     }
 }

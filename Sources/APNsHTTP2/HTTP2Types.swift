@@ -22,6 +22,78 @@ public struct HTTP2Header: Sendable, Hashable {
     }
 }
 
+/// Header fields laid out back to back in one byte array, for senders that submit many
+/// requests: refilled after `removeAll()`, it allocates nothing once it has grown, and no
+/// `String` is built per field.
+public struct HTTP2HeaderBlock: Sendable {
+    struct Field: Sendable {
+        var nameCount: Int
+        var valueCount: Int
+        var neverIndex: Bool
+    }
+
+    private(set) var bytes: [UInt8] = []
+    private(set) var fields: [Field] = []
+
+    public init(byteCapacity: Int = 1024, fieldCapacity: Int = 16) {
+        bytes.reserveCapacity(byteCapacity)
+        fields.reserveCapacity(fieldCapacity)
+    }
+
+    public var count: Int { fields.count }
+
+    public mutating func removeAll() {
+        bytes.removeAll(keepingCapacity: true)
+        fields.removeAll(keepingCapacity: true)
+    }
+
+    public mutating func append(_ name: StaticString, _ value: StaticString, neverIndex: Bool = false) {
+        let nameCount = appendBytes(name)
+        let valueCount = appendBytes(value)
+        fields.append(Field(nameCount: nameCount, valueCount: valueCount, neverIndex: neverIndex))
+    }
+
+    public mutating func append(_ name: StaticString, _ value: String, neverIndex: Bool = false) {
+        let nameCount = appendBytes(name)
+        bytes.append(contentsOf: value.utf8)
+        fields.append(Field(nameCount: nameCount, valueCount: value.utf8.count, neverIndex: neverIndex))
+    }
+
+    /// A field whose value is `prefix` followed by `value` (such as `:path /3/device/<token>`).
+    public mutating func append(_ name: StaticString, prefix: StaticString, _ value: String, neverIndex: Bool = false) {
+        let nameCount = appendBytes(name)
+        let prefixCount = appendBytes(prefix)
+        bytes.append(contentsOf: value.utf8)
+        fields.append(Field(nameCount: nameCount, valueCount: prefixCount + value.utf8.count, neverIndex: neverIndex))
+    }
+
+    /// A field whose value is `value` in decimal.
+    public mutating func append(_ name: StaticString, decimal value: Int64, neverIndex: Bool = false) {
+        let nameCount = appendBytes(name)
+        let start = bytes.count
+        if value < 0 { bytes.append(UInt8(ascii: "-")) }
+        let digitsStart = bytes.count
+        var magnitude = value.magnitude
+        repeat {
+            bytes.append(UInt8(ascii: "0") + UInt8(magnitude % 10))
+            magnitude /= 10
+        } while magnitude > 0
+        bytes[digitsStart...].reverse()
+        fields.append(Field(nameCount: nameCount, valueCount: bytes.count - start, neverIndex: neverIndex))
+    }
+
+    public mutating func append(_ header: HTTP2Header) {
+        bytes.append(contentsOf: header.name.utf8)
+        bytes.append(contentsOf: header.value.utf8)
+        fields.append(Field(nameCount: header.name.utf8.count, valueCount: header.value.utf8.count, neverIndex: header.neverIndex))
+    }
+
+    private mutating func appendBytes(_ text: StaticString) -> Int {
+        text.withUTF8Buffer { bytes.append(contentsOf: $0) }
+        return text.utf8CodeUnitCount
+    }
+}
+
 /// A SETTINGS parameter.
 public struct HTTP2Setting: Sendable, Hashable, CustomStringConvertible {
     public struct Identifier: Sendable, Hashable, CustomStringConvertible {

@@ -1,0 +1,111 @@
+/// The connection's in-flight streams by stream id, looked up several times per response.
+///
+/// A client's stream ids are odd and increasing, so `id >> 1` modulo a power of two at least
+/// twice the stream limit maps the streams in flight to distinct slots: a direct-mapped table,
+/// no hashing and no probing. A stream that outlives `slots` newer ones (and so meets a newer
+/// stream on its slot) goes to a small dictionary instead. Confined to one event loop, like
+/// its owner.
+struct StreamTable<Value> {
+    private var keys: [Int32]
+    private var values: [Value?]
+    private let mask: Int
+    private var overflow: [Int32: Value] = [:]
+    private(set) var count = 0
+
+    init(minimumCapacity: Int = 64) {
+        var size = 16
+        while size < minimumCapacity * 2 { size <<= 1 }
+        keys = Array(repeating: 0, count: size)
+        values = Array(repeating: nil, count: size)
+        mask = size - 1
+    }
+
+    var isEmpty: Bool { count == 0 }
+
+    @inline(__always)
+    private func home(_ key: Int32) -> Int { Int(truncatingIfNeeded: key >> 1) & mask }
+
+    /// Where `key` is: a slot of the direct-mapped table, or the overflow dictionary.
+    enum Location {
+        case slot(Int)
+        case overflow
+    }
+
+    func location(of key: Int32) -> Location? {
+        let slot = home(key)
+        if keys[slot] == key, key != 0 { return .slot(slot) }
+        if !overflow.isEmpty, overflow[key] != nil { return .overflow }
+        return nil
+    }
+
+    func contains(_ key: Int32) -> Bool { location(of: key) != nil }
+
+    /// Changes the value of `key`, if present, in place.
+    mutating func update(_ key: Int32, at location: Location, _ change: (inout Value) -> Void) {
+        switch location {
+        case .slot(let slot):
+            // Taken out and put back, so the value is uniquely referenced while it changes.
+            guard keys[slot] == key, var value = values[slot].take() else { return }
+            change(&value)
+            values[slot] = value
+        case .overflow:
+            if var value = overflow.removeValue(forKey: key) {
+                change(&value)
+                overflow[key] = value
+            }
+        }
+    }
+
+    /// Inserts or replaces the value of `key` (ids are positive).
+    mutating func insert(_ value: Value, for key: Int32) {
+        let slot = home(key)
+        if keys[slot] == key {
+            values[slot] = value
+        } else if keys[slot] == 0 {
+            keys[slot] = key
+            values[slot] = value
+            count += 1
+        } else if overflow.updateValue(value, forKey: key) == nil {
+            count += 1
+        }
+    }
+
+    mutating func removeValue(forKey key: Int32) -> Value? {
+        let slot = home(key)
+        if keys[slot] == key, key != 0 {
+            keys[slot] = 0
+            count -= 1
+            return values[slot].take()
+        }
+        guard !overflow.isEmpty, let value = overflow.removeValue(forKey: key) else { return nil }
+        count -= 1
+        return value
+    }
+
+    /// Every stream id in the table, in increasing order.
+    var sortedKeys: [Int32] {
+        (keys.filter { $0 != 0 } + overflow.keys).sorted()
+    }
+
+    /// Removes everything; returns the entries in increasing stream order.
+    mutating func removeAll() -> [(stream: Int32, value: Value)] {
+        var all: [(stream: Int32, value: Value)] = []
+        all.reserveCapacity(count)
+        for slot in keys.indices where keys[slot] != 0 {
+            if let value = values[slot].take() { all.append((keys[slot], value)) }
+            keys[slot] = 0
+        }
+        for (key, value) in overflow { all.append((key, value)) }
+        overflow.removeAll()
+        count = 0
+        return all.sorted { $0.stream < $1.stream }
+    }
+
+    /// Calls `body` for every entry (in no particular order).
+    func forEach(_ body: (Int32, Value) -> Void) {
+        for slot in keys.indices where keys[slot] != 0 {
+            if let value = values[slot] { body(keys[slot], value) }
+        }
+        for (key, value) in overflow { body(key, value) }
+    }
+}
