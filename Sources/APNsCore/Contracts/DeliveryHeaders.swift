@@ -36,7 +36,7 @@ public struct RetryHeaders: Sendable, Hashable {
     public init?(headers: [RecordHeader]) throws(ContractDecodingError) {
         guard let attemptText = headers.text(Self.attemptKey) else { return nil }
         guard let attempt = Int(attemptText), attempt >= 1 else {
-            throw ContractDecodingError(contract: "retry headers", field: Self.attemptKey, "must be a positive integer, got \"\(JobRules.clip(attemptText))\"")
+            throw ContractDecodingError(contract: "retry headers", field: Self.attemptKey, "must be a positive integer, got \(JobRules.quoted(JobRules.clip(attemptText)))")
         }
         guard let notBeforeText = headers.text(Self.notBeforeKey), let notBefore = Int64(notBeforeText), notBefore >= 0 else {
             throw ContractDecodingError(contract: "retry headers", field: Self.notBeforeKey, "must be unix milliseconds")

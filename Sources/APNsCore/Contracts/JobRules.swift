@@ -20,21 +20,21 @@ public enum JobRules {
 
     public static func priority(_ value: Int64?, literal: String) throws(JobRejection) -> NotificationPriority {
         guard let value, let priority = NotificationPriority(rawValue: Int(value)) else {
-            throw JobRejection(field: "priority", "priority is \(clip(literal)); it must be 10, 5 or 1")
+            throw JobRejection(field: "priority", "priority is \(escaped(clip(literal))); it must be 10, 5 or 1")
         }
         return priority
     }
 
     public static func expiration(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
         guard let value, value >= 0 else {
-            throw JobRejection(field: "expiration", "expiration is \(clip(literal)); it must be a non-negative integer (unix seconds, 0 for now-or-never)")
+            throw JobRejection(field: "expiration", "expiration is \(escaped(clip(literal))); it must be a non-negative integer (unix seconds, 0 for now-or-never)")
         }
         return value
     }
 
     public static func deadline(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
         guard let value, value >= 0 else {
-            throw JobRejection(field: "deadline", "deadline is \(clip(literal)); it must be a non-negative integer (unix seconds)")
+            throw JobRejection(field: "deadline", "deadline is \(escaped(clip(literal))); it must be a non-negative integer (unix seconds)")
         }
         return value
     }
@@ -99,7 +99,13 @@ public enum JobRules {
 
     /// A value quoted for an error message, with anything unprintable escaped.
     static func quoted(_ text: String) -> String {
-        var out = "\""
+        "\"" + escaped(text) + "\""
+    }
+
+    /// A value for an error message with anything unprintable escaped: a reason travels in a
+    /// Kafka header, a result and a log line, where a raw CR, LF or NUL could forge a line.
+    static func escaped(_ text: String) -> String {
+        var out = ""
         for scalar in text.unicodeScalars {
             if scalar.value < 0x20 || scalar.value == 0x7F {
                 out += "\\u" + String(scalar.value, radix: 16).leftPadded(to: 4)
@@ -107,7 +113,7 @@ public enum JobRules {
                 out.unicodeScalars.append(scalar)
             }
         }
-        return out + "\""
+        return out
     }
 
     /// Long hostile values are cut in messages so that reasons stay readable.

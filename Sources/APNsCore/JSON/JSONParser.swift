@@ -239,7 +239,9 @@ public struct JSONParser {
                 return (hasEscapes, closing)
             case UInt8(ascii: "\\"):
                 hasEscapes = true
-                guard index + 1 < end else { break }
+                // A backslash as the last byte: the string cannot end. (A bare `break` here left
+                // the switch with `index` unchanged and spun forever; found by `make fuzz`.)
+                guard index + 1 < end else { throw JSONSyntaxError("unterminated string", at: opening) }
                 switch bytes[index + 1] {
                 case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"),
                     UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
