@@ -235,6 +235,9 @@ struct ClientIntegrationTests {
     @Test("A request whose deadline passes is cancelled and reported as a timeout")
     func deadline() async throws {
         try await withPool(simulator: { $0.behaviour.latency = .seconds(3) }) { pool, simulator, _ in
+            // Connect first: on a busy machine the handshake alone can outlast the 300 ms deadline,
+            // and a request that never reached the wire has no stream to reset.
+            #expect(await waitFor { pool.statistics.usableConnections > 0 })
             let start = ContinuousClock.now
             let outcome = await pool.send(Fixture.notification(), timeout: .milliseconds(300))
             let elapsed = ContinuousClock.now - start

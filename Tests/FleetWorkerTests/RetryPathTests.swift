@@ -67,9 +67,10 @@ struct RetryPathTests {
         behaviour.perDeviceLimit = 1
         behaviour.perDeviceWindow = .seconds(60)
         // A tiny budget: two attempts in process, the third from the retry topic, then `failed`.
-        // The retry records wait 2.5–5 s for their not-before.
-        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 3, baseDelayMilliseconds: 2500, maxDelayMilliseconds: 10_000)
-        // In-process backoff after the first 429 waits 1.25–2.5 s in its slot; that is by design.
+        // The retry records wait 5–10 s for their not-before: long enough that the other devices'
+        // jobs finish first even on a machine busy with other builds.
+        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 3, baseDelayMilliseconds: 5000, maxDelayMilliseconds: 20_000)
+        // In-process backoff after the first 429 waits 2.5–5 s in its slot; that is by design.
         let logs = Collected<CapturedLog>()
         let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 4, workerLogs: logs)
 
