@@ -736,6 +736,11 @@ final class ConsumerCore: @unchecked Sendable {
                     logger.error("\(KafkaError(code: .rebalance, message: "assign failed", rdKafka: error))")
                 }
             }
+            // librdkafka keeps an application pause on a partition across unassign and assign: a
+            // partition paused when its assignment was lost (or revoked) would come back paused
+            // while `rdPaused` says it is not, and never be fetched again. Start every assigned
+            // partition resumed; `applyPauses` then pauses what should be.
+            if !partitions.isEmpty { rd_kafka_resume_partitions(rk, list) }
             logger.info("partitions assigned", metadata: ["kafka.partitions": "\(partitions.map(\.description).sorted())"])
             applyPauses(rk)
 

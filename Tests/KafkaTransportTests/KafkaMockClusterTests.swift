@@ -190,6 +190,51 @@ struct KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(5))
     }
 
+    /// Found by the reliability suite: a worker paused for back-pressure lost its assignment when
+    /// the group coordinator went away, resumed while it had no partitions, and got the same
+    /// partitions back still paused inside librdkafka, so it never fetched from them again.
+    @Test func partitionsPausedWhenTheAssignmentIsLostFetchAgainOnceReassigned() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("lost", partitions: 2)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let received = ReceivedRecords()
+        let consumer = try KafkaConsumer(
+            configuration: consumerConfiguration(cluster, group: "lost-group", topics: ["lost"]),
+            logger: testLogger
+        )
+        try await withTimeout(120, "a lost, paused assignment coming back") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                group.addTask { await consumeLoop(consumer, into: received) }
+                for index in 0..<10 {
+                    try await producer.send(KafkaOutgoingMessage(topic: "lost", value: "before-\(index)".bytes))
+                }
+                try await waitUntil("the first 10 records") { received.count >= 10 }
+                consumer.pauseAll()
+                try await waitUntil("both partitions paused") { consumer.pausedPartitions.count == 2 }
+
+                // The only broker (and so the coordinator) goes away until the session times out.
+                try cluster.setBrokerDown(1)
+                try await waitUntil("the assignment to be lost", timeout: 60) { consumer.assignment.isEmpty }
+                consumer.resumeAll()
+                try cluster.setBrokerUp(1)
+                try await waitUntil("both partitions assigned again", timeout: 60) { consumer.assignment.count == 2 }
+
+                for index in 0..<10 {
+                    try await producer.send(KafkaOutgoingMessage(topic: "lost", value: "after-\(index)".bytes))
+                }
+                try await waitUntil("the records produced after the reassignment", timeout: 30) {
+                    received.all.contains { String(decoding: $0.value, as: UTF8.self) == "after-9" }
+                        && received.all.filter { String(decoding: $0.value, as: UTF8.self).hasPrefix("after-") }.count == 10
+                }
+                #expect(consumer.pausedPartitions.isEmpty)
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
     @Test func brokerDownAndUpLosesNothing() async throws {
         let cluster = try MockKafkaCluster(brokers: 3, logger: testLogger)
         try cluster.createTopic("bd", partitions: 6, replicationFactor: 3)
