@@ -7,6 +7,8 @@ import NIOPosix
 import NIOSSL
 import NIOTLS
 import ServiceLifecycle
+import SwiftASN1
+import X509
 
 /// The kinds of listener a simulator can host: the HTTP/2 provider API, the admin endpoint, and
 /// the legacy binary gateway and feedback service.
@@ -78,13 +80,13 @@ public final class APNsSimulator: Sendable {
         let host = configuration.listeners.host
         do {
             if let port = configuration.listeners.http2CleartextPort {
-                let channel = try await bindHTTP2(context: context, host: host, port: port, tls: nil, group: eventLoopGroup)
+                let channel = try await bindHTTP2(context: context, host: host, port: port, tls: nil, group: eventLoopGroup, logger: logger)
                 channels.append(channel)
                 ports[.http2Cleartext] = channel.localAddress?.port
             }
             if let port = configuration.listeners.http2TLSPort, let tls = configuration.tls {
                 let sslContext = try makeTLSContext(tls)
-                let channel = try await bindHTTP2(context: context, host: host, port: port, tls: sslContext, group: eventLoopGroup)
+                let channel = try await bindHTTP2(context: context, host: host, port: port, tls: sslContext, group: eventLoopGroup, logger: logger)
                 channels.append(channel)
                 ports[.http2TLS] = channel.localAddress?.port
             }
@@ -175,7 +177,9 @@ public final class APNsSimulator: Sendable {
         return try NIOSSLContext(configuration: configuration)
     }
 
-    private static func bindHTTP2(context: SimulatorContext, host: String, port: Int, tls: NIOSSLContext?, group: any EventLoopGroup) async throws -> any Channel {
+    private static func bindHTTP2(
+        context: SimulatorContext, host: String, port: Int, tls: NIOSSLContext?, group: any EventLoopGroup, logger: Logger
+    ) async throws -> any Channel {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -185,7 +189,7 @@ public final class APNsSimulator: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
-                        try channel.pipeline.syncOperations.addHandler(TLSConnectionStarter(context: context))
+                        try channel.pipeline.syncOperations.addHandler(TLSConnectionStarter(context: context, logger: logger))
                     } else {
                         try installHTTP2(on: channel, context: context, transport: "h2c", authentication: makeTokenAuthentication(context))
                     }
@@ -214,9 +218,11 @@ final class TLSConnectionStarter: ChannelInboundHandler, RemovableChannelHandler
     typealias InboundIn = ByteBuffer
 
     private let context: SimulatorContext
+    private let logger: Logger
 
-    init(context: SimulatorContext) {
+    init(context: SimulatorContext, logger: Logger) {
         self.context = context
+        self.logger = logger
     }
 
     func userInboundEventTriggered(context channelContext: ChannelHandlerContext, event: Any) {
@@ -228,9 +234,8 @@ final class TLSConnectionStarter: ChannelInboundHandler, RemovableChannelHandler
         do {
             let tls = try channel.pipeline.syncOperations.handler(type: NIOSSLServerHandler.self)
             let authentication: ConnectionAuthentication
-            if tls.peerCertificate != nil {
-                let topics = context.configuration.authentication.certificateTopics
-                authentication = .certificate(TopicGrant(topics: topics, topicRequired: topics.count != 1))
+            if let peer = tls.peerCertificate {
+                authentication = .certificate(certificateGrant(peer, remoteAddress: channel.remoteAddress))
             } else {
                 authentication = APNsSimulator.makeTokenAuthentication(context)
             }
@@ -240,6 +245,46 @@ final class TLSConnectionStarter: ChannelInboundHandler, RemovableChannelHandler
             channelContext.pipeline.syncOperations.removeHandler(context: channelContext, promise: nil)
         } catch {
             channelContext.close(promise: nil)
+        }
+    }
+}
+
+extension TLSConnectionStarter {
+    /// The topics a verified client certificate grants, in order of precedence:
+    /// 1. the certificate's topics extension (1.2.840.113635.100.6.3.6), as APNs reads it;
+    /// 2. else its subject UID (older certificates: the bundle id is the single topic);
+    /// 3. else the configured `certificate_topics` (empty: any topic).
+    /// A malformed topics extension fails every request of the connection with 403 BadCertificate.
+    func certificateGrant(_ peer: NIOSSLCertificate, remoteAddress: SocketAddress?) -> Result<TopicGrant, APNsRejection> {
+        let configured = context.configuration.authentication.certificateTopics
+        let fallback = TopicGrant(topics: configured, topicRequired: configured.count != 1)
+        let remote = remoteAddress?.description ?? "?"
+        let certificate: Certificate
+        do {
+            certificate = try Certificate(derEncoded: try peer.toDERBytes())
+        } catch {
+            logger.warning(
+                "client certificate not readable for its topics; using the configured certificate_topics",
+                metadata: ["simulator.remote": "\(remote)", "error": "\(error)"]
+            )
+            return .success(fallback)
+        }
+        do {
+            guard let found = try CertificateTopics.read(from: certificate) else {
+                logger.debug("client certificate names no topics; using the configured certificate_topics", metadata: ["simulator.remote": "\(remote)"])
+                return .success(fallback)
+            }
+            logger.debug(
+                "client certificate topics",
+                metadata: ["simulator.remote": "\(remote)", "simulator.topics": "\(found.topics.joined(separator: ","))", "simulator.source": "\(found.source.rawValue)"]
+            )
+            return .success(TopicGrant(topics: found.topics, topicRequired: found.topics.count != 1))
+        } catch {
+            logger.warning(
+                "client certificate rejected: its requests get 403 BadCertificate",
+                metadata: ["simulator.remote": "\(remote)", "simulator.subject": "\(certificate.subject)", "error": "\(error)"]
+            )
+            return .failure(APNsRejection(.badCertificate))
         }
     }
 }

@@ -5,7 +5,7 @@ import SwiftASN1
 import X509
 
 /// Development credentials for local runs with TLS verification on: a CA, a server
-/// certificate for localhost and 127.0.0.1, a client certificate (certificate auth), and an
+/// certificate for localhost and 127.0.0.1, a client certificate naming its topics (certificate auth), and an
 /// ES256 `.p8` signing key with a key id and team id (token auth).
 public struct DevCredentials: Sendable {
     /// The summary written as `credentials.json`, which scripts and the demo read.
@@ -73,7 +73,9 @@ public struct DevCredentials: Sendable {
         )
         let authorityKeyID = AuthorityKeyIdentifier(keyIdentifier: SubjectKeyIdentifier(hash: caPublicKey).keyIdentifier)
 
-        func leaf(commonName: String, usage: ExtendedKeyUsage.Usage, names: [GeneralName]) throws -> (Certificate, P256.Signing.PrivateKey) {
+        func leaf(
+            commonName: String, usage: ExtendedKeyUsage.Usage, names: [GeneralName], extra: Certificate.Extension? = nil
+        ) throws -> (Certificate, P256.Signing.PrivateKey) {
             let key = P256.Signing.PrivateKey()
             let publicKey = Certificate.PublicKey(key.publicKey)
             let subject = try DistinguishedName {
@@ -96,6 +98,7 @@ public struct DevCredentials: Sendable {
                     SubjectKeyIdentifier(hash: publicKey)
                     authorityKeyID
                     if !names.isEmpty { SubjectAlternativeNames(names) }
+                    if let extra { extra }
                 },
                 issuerPrivateKey: Certificate.PrivateKey(caKey)
             )
@@ -107,7 +110,14 @@ public struct DevCredentials: Sendable {
             usage: .serverAuth,
             names: [.dnsName("localhost"), .ipAddress(ASN1OctetString(contentBytes: [127, 0, 0, 1]))]
         )
-        let (client, clientKey) = try leaf(commonName: "apns-fleet development client (\(topic))", usage: .clientAuth, names: [])
+        // The client certificate names its topics as Apple's do (extension 1.2.840.113635.100.6.3.6,
+        // non-critical): the app, its VoIP and its complication topics.
+        let (client, clientKey) = try leaf(
+            commonName: "apns-fleet development client (\(topic))",
+            usage: .clientAuth,
+            names: [],
+            extra: try CertificateTopics.makeExtension(Self.clientCertificateTopics(topic))
+        )
         let signingKey = P256.Signing.PrivateKey()
 
         return DevCredentials(
@@ -193,6 +203,16 @@ public struct DevCredentials: Sendable {
         configuration.authentication.teamTopics = [teamID: [topic]]
         configuration.authentication.certificateTopics = [topic]
         return configuration
+    }
+
+    /// The topics of the development client certificate: `topic` (app), `topic.voip` (voip) and
+    /// `topic.complication` (complication).
+    public static func clientCertificateTopics(_ topic: String) -> [CertificateTopics.Entry] {
+        [
+            CertificateTopics.Entry(topic: topic, kinds: ["app"]),
+            CertificateTopics.Entry(topic: topic + ".voip", kinds: ["voip"]),
+            CertificateTopics.Entry(topic: topic + ".complication", kinds: ["complication"]),
+        ]
     }
 
     private static func randomID() -> String {

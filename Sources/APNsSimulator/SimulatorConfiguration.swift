@@ -51,7 +51,9 @@ public struct APNsSimulatorConfiguration: Sendable {
         public var tokenKeys: [ProviderTokenKey] = []
         /// Topics (bundle ids) each team may push to; a team not listed may push to any topic. Default: empty.
         public var teamTopics: [String: [String]] = [:]
-        /// Topics a client certificate grants; empty grants any topic. Default: empty.
+        /// Topics a client certificate grants when it names none itself: the certificate's topics
+        /// extension (1.2.840.113635.100.6.3.6) comes first, then its subject UID, then this list.
+        /// Empty grants any topic. Default: empty.
         public var certificateTopics: [String] = []
         /// Oldest acceptable `iat`, in seconds. Default: 3600.
         public var maximumTokenAge: Int64 = 3600

@@ -42,7 +42,9 @@ final class ConnectionRegistry: Sendable {
 /// How a connection authenticates its requests.
 enum ConnectionAuthentication {
     case token(TokenAuthenticator)
-    case certificate(TopicGrant)
+    /// The topics the client certificate grants, or why its requests are all refused (a
+    /// certificate whose topics cannot be read: 403 BadCertificate).
+    case certificate(Result<TopicGrant, APNsRejection>)
 
     var name: String {
         switch self {
@@ -78,7 +80,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     var session: HTTP2Session?
     /// Token auth state, mutated in place on every request (nil for certificate auth).
     private var tokenAuthenticator: TokenAuthenticator?
-    private let certificateGrant: TopicGrant?
+    private let certificateGrant: Result<TopicGrant, APNsRejection>?
     private var streams: [Int32: StreamState] = [:]
     /// The request whose header block is arriving (header blocks never interleave).
     private var current = StreamState()
@@ -266,7 +268,10 @@ final class SimulatorConnection: HTTP2SessionDelegate {
 
         let grant: TopicGrant
         if let certificateGrant {
-            grant = certificateGrant
+            switch certificateGrant {
+            case .success(let granted): grant = granted
+            case .failure(let rejection): return rejection
+            }
         } else {
             guard let result = tokenAuthenticator?.authenticate(authorization: head.authorization, now: Int64(Date().timeIntervalSince1970)) else {
                 return APNsRejection(.missingProviderToken)

@@ -322,8 +322,9 @@ struct ClientIntegrationTests {
                 group.addTask { try await pool.run() }
                 #expect(await pool.waitUntilReady())
                 #expect(pool.statistics.streamLimits == [1000], "\(name): certificate auth has no one-stream phase")
-                var notification = Fixture.notification()
-                notification.topic = nil  // a certificate with one topic implies it
+                // The dev client certificate names three topics (app, voip, complication), so
+                // apns-topic is required, as with APNs.
+                let notification = Fixture.notification()
                 let outcome = await pool.send(notification, timeout: .seconds(20))
                 #expect(outcome.status == 200, "\(name): \(outcome)")
                 pool.shutdown()

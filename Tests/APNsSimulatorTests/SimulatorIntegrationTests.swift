@@ -117,9 +117,10 @@ struct SimulatorIntegrationTests {
         headers: [String: String] = [:],
         extraHeaders: [String] = [],
         payload: String? = #"{"aps":{"alert":"hello"}}"#,
+        options: [String] = [],
         directory: String
     ) async throws -> Answer {
-        var arguments = ["-v"]
+        var arguments = ["-v"] + options
         if let payload {
             let file = (directory as NSString).appendingPathComponent("payload-\(UUID().uuidString).json")
             try payload.write(toFile: file, atomically: true, encoding: .utf8)

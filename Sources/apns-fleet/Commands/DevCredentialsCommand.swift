@@ -11,7 +11,8 @@ struct DevCredentialsCommand: ParsableCommand {
         discussion: """
             Writes into --out: ca.pem (the development CA) and ca-key.pem, server.pem and \
             server-key.pem (for localhost and 127.0.0.1), client.pem, client-key.pem and \
-            client-bundle.pem (certificate auth), AuthKey_<KEY_ID>.p8 (token auth), \
+            client-bundle.pem (certificate auth; the certificate names the topic and its .voip \
+            and .complication topics in Apple's topics extension), AuthKey_<KEY_ID>.p8 (token auth), \
             simulator.json (a simulator config trusting all of them) and credentials.json \
             (a summary with the key id, team id, topic and file names). Private keys are \
             written with mode 0600. Clients verify the simulator against ca.pem; there is no \

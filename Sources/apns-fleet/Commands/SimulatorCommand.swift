@@ -76,7 +76,7 @@ struct SimulatorCommand: AsyncParsableCommand {
     @Option(name: .customLong("team-topics"), help: "Topics a team may push to, as TEAM_ID=topic1,topic2. Repeatable.")
     var teamTopics: [String] = []
 
-    @Option(name: .customLong("certificate-topic"), help: "A topic client certificates grant. Repeatable.")
+    @Option(name: .customLong("certificate-topic"), help: "A topic client certificates grant when they name none (no topics extension, no subject UID). Repeatable.")
     var certificateTopics: [String] = []
 
     @Option(help: "A token answered 410 Unregistered, as TOKEN or TOKEN@TIMESTAMP_MS. Repeatable.")
