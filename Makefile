@@ -55,6 +55,12 @@ test: test-deps
 demo: release
 	.build/release/apns-fleet demo $(DEMO_ARGS)
 
+# The reliability suites (worker kills, Kafka and APNs faults) at soak size: more runs, jobs and kills.
+.PHONY: soak
+soak: test-deps
+	$(SWIFT) build --build-tests
+	APNS_FLEET_SOAK=1 $(SWIFT) test --skip-build --filter ReliabilityTests
+
 # APNsCore's unit tests under ThreadSanitizer and AddressSanitizer, plus the fuzz seeds replayed
 # through the fuzz checks. Builds only Tests/Sanitized (APNsCore, no other dependency), about a
 # minute per sanitizer from cold. SANITIZERS="address" runs one.

@@ -323,6 +323,21 @@ let package = Package(
             dependencies: ["APNsFleetConfig", "APNsCore"],
             swiftSettings: strictSettings
         ),
+        // Reliability: kills, Kafka faults and APNs faults against real processes, "nothing lost"
+        // measured (APNS_FLEET_SOAK=1 for the longer soak, `make soak`).
+        .testTarget(
+            name: "ReliabilityTests",
+            dependencies: [
+                "FleetTestSupport",
+                "FleetLoad",
+                "KafkaTransport",
+                "APNsSimulator",
+                "APNsClient",
+                "APNsCore",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .testTarget(
             name: "KafkaTransportTests",
             dependencies: [

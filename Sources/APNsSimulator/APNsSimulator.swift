@@ -91,9 +91,22 @@ public final class APNsSimulator: Sendable {
                 ports[.http2TLS] = channel.localAddress?.port
             }
             if let port = configuration.listeners.adminPort {
-                let channel = try await AdminServer.bind(host: host, port: port, group: eventLoopGroup, counters: context.counters) { reason in
-                    for handle in context.registry.all { handle.goAway(reason) }
-                }
+                let actions = AdminServer.Actions(
+                    goAway: { reason in for handle in context.registry.all { handle.goAway(reason) } },
+                    reset: {
+                        let handles = context.registry.all
+                        for handle in handles { handle.reset() }
+                        return handles.count
+                    },
+                    closeNotify: {
+                        let handles = context.registry.all
+                        for handle in handles { handle.closeNotify() }
+                        return handles.count
+                    },
+                    faults: context.faults,
+                    behaviour: configuration.behaviour
+                )
+                let channel = try await AdminServer.bind(host: host, port: port, group: eventLoopGroup, counters: context.counters, actions: actions)
                 channels.append(channel)
                 ports[.admin] = channel.localAddress?.port
             }
@@ -139,6 +152,25 @@ public final class APNsSimulator: Sendable {
     /// Sends GOAWAY with `{"reason": reason}` on every open connection.
     public func goAway(reason: String = APNsReason.shutdown.rawValue) {
         for handle in context.registry.all { handle.goAway(reason) }
+    }
+
+    /// Resets every open connection at the TCP level (RST, no GOAWAY or close_notify).
+    public func resetConnections() {
+        for handle in context.registry.all { handle.reset() }
+    }
+
+    /// Closes every open connection with a TLS close_notify (FIN on cleartext ones), no GOAWAY.
+    public func closeNotifyConnections() {
+        for handle in context.registry.all { handle.closeNotify() }
+    }
+
+    /// Faults switched on and off at run time, over the configured behaviour.
+    public var faults: RuntimeFaults { context.faults }
+
+    /// Replaces the run-time faults (an empty value clears them).
+    public func setFaults(_ overrides: RuntimeFaults.Overrides) throws {
+        try overrides.validate(over: configuration.behaviour)
+        context.faults.set(overrides)
     }
 
     /// Stops listening, sends GOAWAY Shutdown to every connection, lets in-flight streams finish

@@ -8,21 +8,37 @@ import NIOPosix
 /// - `GET /counters`: the counters as JSON (totals and per connection);
 /// - `GET /counters.txt`: the same as readable text;
 /// - `POST /goaway?reason=Shutdown`: GOAWAY on every open HTTP/2 connection;
+/// - `POST /reset`: a TCP reset of every open HTTP/2 connection (no GOAWAY, no close_notify);
+/// - `POST /close-notify`: TLS close_notify, then FIN, on every open HTTP/2 connection (no GOAWAY);
+/// - `POST /faults?error_500_rate=&error_503_rate=&latency_ms=&drop_to_one_stream=`: run-time
+///   faults over the configured behaviour (the parameters given replace the faults in force);
+///   `DELETE /faults` clears them; `GET /faults` shows them;
 /// - `GET /healthz`: `ok`.
 enum AdminServer {
+    /// What the admin endpoint can do to the simulator's connections and behaviour.
+    struct Actions: Sendable {
+        var goAway: @Sendable (String) -> Void
+        /// Resets every connection; returns how many.
+        var reset: @Sendable () -> Int
+        /// close_notify to every connection; returns how many.
+        var closeNotify: @Sendable () -> Int
+        var faults: RuntimeFaults
+        var behaviour: APNsSimulatorConfiguration.Behaviour
+    }
+
     static func bind(
         host: String,
         port: Int,
         group: any EventLoopGroup,
         counters: SimulatorCounters,
-        goAway: @escaping @Sendable (String) -> Void
+        actions: Actions
     ) async throws -> any Channel {
         try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(AdminHandler(counters: counters, goAway: goAway))
+                    try channel.pipeline.syncOperations.addHandler(AdminHandler(counters: counters, actions: actions))
                 }
             }
             .bind(host: host, port: port)
@@ -35,12 +51,12 @@ final class AdminHandler: ChannelInboundHandler {
     typealias OutboundOut = HTTPServerResponsePart
 
     private let counters: SimulatorCounters
-    private let goAway: @Sendable (String) -> Void
+    private let actions: AdminServer.Actions
     private var head: HTTPRequestHead?
 
-    init(counters: SimulatorCounters, goAway: @escaping @Sendable (String) -> Void) {
+    init(counters: SimulatorCounters, actions: AdminServer.Actions) {
         self.counters = counters
-        self.goAway = goAway
+        self.actions = actions
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -78,12 +94,61 @@ final class AdminHandler: ChannelInboundHandler {
             guard !reason.isEmpty, reason.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }) else {
                 return (.badRequest, "text/plain", "reason must be printable ASCII without quotes\n")
             }
-            goAway(reason)
+            actions.goAway(reason)
             return (.ok, "text/plain", "GOAWAY \(reason) sent\n")
+        case (.POST, "/reset"):
+            return (.ok, "text/plain", "reset \(actions.reset()) connection(s)\n")
+        case (.POST, "/close-notify"):
+            return (.ok, "text/plain", "close_notify to \(actions.closeNotify()) connection(s)\n")
+        case (.GET, "/faults"):
+            return (.ok, "text/plain", "faults: \(actions.faults.current)\n")
+        case (.DELETE, "/faults"):
+            actions.faults.set(RuntimeFaults.Overrides())
+            return (.ok, "text/plain", "faults: none\n")
+        case (.POST, "/faults"):
+            do {
+                let overrides = try Self.faults(components?.queryItems ?? [])
+                try overrides.validate(over: actions.behaviour)
+                actions.faults.set(overrides)
+                return (.ok, "text/plain", "faults: \(overrides)\n")
+            } catch {
+                return (.badRequest, "text/plain", "\(error.message)\n")
+            }
         case (.GET, "/healthz"):
             return (.ok, "text/plain", "ok\n")
         default:
-            return (.notFound, "text/plain", "GET /counters, GET /counters.txt, POST /goaway?reason=R, GET /healthz\n")
+            return (
+                .notFound, "text/plain",
+                "GET /counters, GET /counters.txt, POST /goaway?reason=R, POST /reset, POST /close-notify, "
+                    + "GET|POST|DELETE /faults?error_500_rate=&error_503_rate=&latency_ms=&drop_to_one_stream=, GET /healthz\n"
+            )
         }
+    }
+
+    /// The faults of a `POST /faults` query; an unknown parameter or value is an error, not ignored.
+    static func faults(_ items: [URLQueryItem]) throws(SimulatorConfigurationError) -> RuntimeFaults.Overrides {
+        var overrides = RuntimeFaults.Overrides()
+        for item in items {
+            let value = item.value ?? ""
+            switch item.name {
+            case "error_500_rate":
+                guard let rate = Double(value) else { throw SimulatorConfigurationError("error_500_rate must be a number, not '\(value)'") }
+                overrides.internalServerErrorRate = rate
+            case "error_503_rate":
+                guard let rate = Double(value) else { throw SimulatorConfigurationError("error_503_rate must be a number, not '\(value)'") }
+                overrides.serviceUnavailableRate = rate
+            case "latency_ms":
+                guard let milliseconds = Int64(value), milliseconds >= 0 else {
+                    throw SimulatorConfigurationError("latency_ms must be a whole number >= 0, not '\(value)'")
+                }
+                overrides.latency = .milliseconds(milliseconds)
+            case "drop_to_one_stream":
+                guard let drop = Bool(value) else { throw SimulatorConfigurationError("drop_to_one_stream must be true or false, not '\(value)'") }
+                overrides.dropToOneStreamAfterRejection = drop
+            default:
+                throw SimulatorConfigurationError("unknown fault '\(item.name)' (error_500_rate, error_503_rate, latency_ms, drop_to_one_stream)")
+            }
+        }
+        return overrides
     }
 }

@@ -2,6 +2,7 @@ import APNsCore
 import APNsHTTP2
 import Foundation
 import NIOCore
+import NIOSSL
 import Synchronization
 
 /// What every connection of one simulator shares.
@@ -12,6 +13,8 @@ final class SimulatorContext: Sendable {
     let counters: SimulatorCounters
     let rateLimiter: DeviceRateLimiter?
     let registry = ConnectionRegistry()
+    /// Faults switched on and off at run time (admin `POST /faults`).
+    let faults = RuntimeFaults()
     /// Whether any per-token behaviour is configured (only then is the token lowercased and looked up).
     let hasTokenBehaviour: Bool
 
@@ -30,6 +33,10 @@ final class ConnectionRegistry: Sendable {
     struct Handle: Sendable {
         let channel: any Channel
         let goAway: @Sendable (String) -> Void
+        /// Closes the TCP connection with a reset (RST), below TLS: no close_notify, no GOAWAY.
+        let reset: @Sendable () -> Void
+        /// Closes the connection cleanly: TLS close_notify (on TLS connections), then FIN; no GOAWAY.
+        let closeNotify: @Sendable () -> Void
     }
 
     private let handles = Mutex<[UInt64: Handle]>([:])
@@ -138,9 +145,13 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     func activate() {
         let loopBound = NIOLoopBound(self, eventLoop: channel.eventLoop)
         let eventLoop = channel.eventLoop
-        context.registry.add(id, ConnectionRegistry.Handle(channel: channel) { reason in
-            eventLoop.execute { loopBound.value.goAway(reason: reason) }
-        })
+        let channel = self.channel
+        context.registry.add(id, ConnectionRegistry.Handle(
+            channel: channel,
+            goAway: { reason in eventLoop.execute { loopBound.value.goAway(reason: reason) } },
+            reset: { eventLoop.execute { Self.reset(channel) } },
+            closeNotify: { channel.close(promise: nil) }
+        ))
         scheduleIdleCheck()
     }
 
@@ -245,7 +256,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         let rejection = judge(state)
         if context.configuration.dump { dump(stream: stream, state: state, rejection: rejection) }
         let apnsID = state.head.apnsID ?? UUIDText.random(using: &random)
-        let behaviour = context.configuration.behaviour
+        let behaviour = context.faults.effective(context.configuration.behaviour)
         if behaviour.latency > .zero || behaviour.latencyJitter > .zero {
             var delay = behaviour.latency
             if behaviour.latencyJitter > .zero { delay += behaviour.latencyJitter * random.nextUnit() }
@@ -301,6 +312,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         }
 
         let behaviour = context.configuration.behaviour
+        let rates = context.faults.effective(behaviour)
         if context.hasTokenBehaviour {
             let token = accepted.deviceToken.lowercased()
             if let bound = behaviour.deviceTopics[token], bound != accepted.topic {
@@ -313,10 +325,10 @@ final class SimulatorConnection: HTTP2SessionDelegate {
                 return APNsRejection(.tooManyRequests)
             }
         }
-        if behaviour.internalServerErrorRate > 0 || behaviour.serviceUnavailableRate > 0 {
+        if rates.internalServerErrorRate > 0 || rates.serviceUnavailableRate > 0 {
             let draw = random.nextUnit()
-            if draw < behaviour.internalServerErrorRate { return APNsRejection(.internalServerError) }
-            if draw < behaviour.internalServerErrorRate + behaviour.serviceUnavailableRate { return APNsRejection(.serviceUnavailable) }
+            if draw < rates.internalServerErrorRate { return APNsRejection(.internalServerError) }
+            if draw < rates.internalServerErrorRate + rates.serviceUnavailableRate { return APNsRejection(.serviceUnavailable) }
         }
         return nil
     }
@@ -359,7 +371,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
 
         let behaviour = context.configuration.behaviour
         // APNs drops the stream limit to 1 after a rejected notification until one is accepted.
-        if behaviour.dropToOneStreamAfterRejection {
+        if context.faults.effective(behaviour).dropToOneStreamAfterRejection {
             if rejection != nil, advertisedMaxStreams != 1 {
                 setMaxConcurrentStreams(1)
             } else if rejection == nil, advertisedMaxStreams != behaviour.maxConcurrentStreams {
@@ -379,6 +391,24 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     }
 
     // MARK: Connection-level
+
+    /// A TCP reset: SO_LINGER 0, then a close sent below TLS (from the TLS handler's context, so
+    /// the close skips it and no close_notify goes out), as when a peer or middlebox drops the
+    /// connection. The session learns of it from channelInactive, like any lost connection.
+    static func reset(_ channel: any Channel) {
+        let close: @Sendable () -> Void = {
+            let pipeline = channel.pipeline.syncOperations
+            if let below = try? pipeline.context(handlerType: NIOSSLServerHandler.self) {
+                below.close(promise: nil)
+            } else if let below = try? pipeline.context(handlerType: HTTP2ChannelHandler.self) {
+                below.close(promise: nil)
+            } else {
+                channel.close(promise: nil)
+            }
+        }
+        guard let options = channel as? any SocketOptionProvider else { return close() }
+        options.setSoLinger(linger(l_onoff: 1, l_linger: 0)).whenComplete { _ in close() }
+    }
 
     /// Sends GOAWAY with `{"reason": reason}`; the connection closes when its open streams are done.
     func goAway(reason: String) {
