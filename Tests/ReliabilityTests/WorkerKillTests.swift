@@ -1,3 +1,4 @@
+import APNsCore
 import FleetTestSupport
 import Foundation
 import Testing
@@ -12,7 +13,7 @@ struct WorkerKillTests {
         let scale = RunScale.current
         var figures = ReliabilityFigures(suite: "worker-kills")
         let began = ContinuousClock.now
-        var random = SeededRandom(seed: RunScale.seed)
+        var random = SplitMix64(seed: RunScale.seed)
         print("reliability[worker-kills]: seed \(RunScale.seed) (APNS_FLEET_RELIABILITY_SEED repeats it)")
         for run in 1...scale.runs {
             var options = ReliabilityFleet.Options(name: "kills")

@@ -1,3 +1,4 @@
+import APNsCore
 import FleetTestSupport
 import Foundation
 
@@ -113,70 +114,9 @@ struct ReliabilityFigures: Sendable {
     }
 }
 
-/// SplitMix64: seeded, so a run's kill moments can be repeated from its logged seed.
-struct SeededRandom: Sendable {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-
+extension SplitMix64 {
     /// Uniform in `range` (milliseconds and the like).
     mutating func next(in range: ClosedRange<Int>) -> Int {
         range.lowerBound + Int(next() % UInt64(range.upperBound - range.lowerBound + 1))
     }
-}
-
-/// One HTTP/1.1 request to 127.0.0.1 with plain sockets (short and local, so blocking is fine).
-func httpRequest(method: String, port: Int, path: String) throws -> (status: Int, body: String) {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    guard fd >= 0 else { throw TestSetupError("socket failed") }
-    defer { close(fd) }
-    var timeout = timeval(tv_sec: 5, tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_port = in_port_t(UInt16(port).bigEndian)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    let connected = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-    }
-    guard connected == 0 else { throw TestSetupError("cannot connect to 127.0.0.1:\(port)") }
-    let request = Array("\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".utf8)
-    guard request.withUnsafeBytes({ send(fd, $0.baseAddress, $0.count, 0) }) == request.count else {
-        throw TestSetupError("cannot send the request")
-    }
-    var received: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 65_536)
-    while true {
-        let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-        if count <= 0 { break }
-        received.append(contentsOf: chunk[0..<count])
-        if let length = completeLength(received), received.count >= length { break }
-    }
-    let text = String(decoding: received, as: UTF8.self)
-    guard let statusLine = text.split(separator: "\r\n").first, let status = Int(statusLine.split(separator: " ").dropFirst().first ?? "") else {
-        throw TestSetupError("no HTTP response from 127.0.0.1:\(port)\(path)")
-    }
-    let body = text.range(of: "\r\n\r\n").map { String(text[$0.upperBound...]) } ?? ""
-    return (status, body)
-}
-
-/// The full length of a response whose head has arrived: head plus `content-length`.
-private func completeLength(_ bytes: [UInt8]) -> Int? {
-    let separator = Array("\r\n\r\n".utf8)
-    guard bytes.count >= separator.count,
-        let end = (0...(bytes.count - separator.count)).first(where: { bytes[$0..<($0 + separator.count)].elementsEqual(separator) })
-    else { return nil }
-    let head = String(decoding: bytes[..<end], as: UTF8.self).lowercased()
-    guard let line = head.split(separator: "\r\n").first(where: { $0.hasPrefix("content-length:") }),
-        let length = Int(line.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces))
-    else { return nil }
-    return end + separator.count + length
 }
