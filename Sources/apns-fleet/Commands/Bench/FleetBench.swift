@@ -18,6 +18,8 @@ struct FleetBench {
         var mix: JobMix = .allGood
         var apnsLatencyMs: Int?
         var maxInFlight: Int?
+        /// Extra `--set` settings for every worker.
+        var workerSettings: [String] = []
         var directory = ".bench"
         var timeout: Duration = .seconds(900)
     }
@@ -33,6 +35,7 @@ struct FleetBench {
         options.mix = settings.mix
         options.feedbackWorker = false
         if let maxInFlight = settings.maxInFlight { options.workerSettings.append("worker.max-in-flight=\(maxInFlight)") }
+        options.workerSettings += settings.workerSettings
         if let latency = settings.apnsLatencyMs { options.simulatorArguments += ["--latency-ms", "\(latency)"] }
         let fleet = try await LocalFleet.start(options, say: say)
         do {

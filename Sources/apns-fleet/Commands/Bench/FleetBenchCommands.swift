@@ -25,6 +25,12 @@ struct FleetBenchOptions: ParsableArguments {
     @Option(name: .customLong("max-in-flight"), help: "worker.max-in-flight of each worker.")
     var maxInFlight: Int?
 
+    @Option(
+        name: .customLong("worker-set"),
+        help: "A setting for every worker, as its --set takes it (repeatable), e.g. --worker-set 'kafka.properties=[queued.max.messages.kbytes=4096]'."
+    )
+    var workerSet: [String] = []
+
     @Option(help: "Runs per configuration; the median is printed last.")
     var runs = 3
 
@@ -51,6 +57,7 @@ struct FleetBenchOptions: ParsableArguments {
         settings.mix = try mix.map { try JobMix(parsing: $0) } ?? .allGood
         settings.apnsLatencyMs = apnsLatencyMs
         settings.maxInFlight = maxInFlight
+        settings.workerSettings = workerSet
         settings.directory = dir
         return settings
     }
