@@ -26,6 +26,10 @@ public final class RunTally: Sendable {
         public var deadLetters = 0
         /// Job → result latencies in milliseconds (from `meta.published_at` to `sent_at`).
         public var latenciesMs: [Double] = []
+        /// Job → APNs latencies in milliseconds: from `meta.published_at` to the moment the
+        /// worker handed the notification to its APNs client (`sent_at` − `latency_ms`), for
+        /// results APNs answered. What the worker adds on the way in, Kafka included.
+        public var toAPNsLatenciesMs: [Double] = []
         public var firstResultAt: Int64?
         public var lastResultAt: Int64?
 
@@ -124,6 +128,9 @@ public final class RunTally: Sendable {
         }
         if let published = publishedAt(result.meta) {
             state.snapshot.latenciesMs.append(Double(result.sentAt.value - published))
+            if result.status != nil {
+                state.snapshot.toAPNsLatenciesMs.append(max(0, Double(result.sentAt.value - published) - result.latencyMs))
+            }
         }
         if state.pending[jobID]?.isEmpty == true { complete(jobID, &state) }
     }

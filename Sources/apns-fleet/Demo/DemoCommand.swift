@@ -94,7 +94,7 @@ struct DemoCommand: AsyncParsableCommand {
                   topics     kcat -b \(fleet.bootstrap) -C -t \(fleet.topics.results) -o end   (also \(fleet.topics.tokenEvents), \(fleet.topics.deadLetter))
                   logs       \(fleet.logDirectory)/
                 """)
-            let run = try DemoRun(bootstrap: fleet.bootstrap, topics: fleet.topics, runID: runID, logger: logger)
+            let run = try DemoRun(bootstrap: fleet.bootstrap, embeddedKafka: fleet.embeddedKafka, topics: fleet.topics, runID: runID, logger: logger)
             let outcome = try await run.execute(jobs: jobs, generator: fleet.generator, rate: rate, timeout: .seconds(timeout), processes: fleet.processes)
             await fleet.stop()
             print(outcome.report)

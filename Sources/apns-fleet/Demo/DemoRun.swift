@@ -19,7 +19,7 @@ struct DemoRun {
     private let reader: KafkaConsumer
     private let tally: RunTally
 
-    init(bootstrap: String, topics: TopicNames, runID: String, logger: Logger) throws {
+    init(bootstrap: String, embeddedKafka: Bool, topics: TopicNames, runID: String, logger: Logger) throws {
         self.topics = topics
         self.runID = runID
         var client = KafkaClientConfiguration(bootstrapServers: [bootstrap])
@@ -32,6 +32,8 @@ struct DemoRun {
         )
         readerConfiguration.sessionTimeout = .seconds(6)
         readerConfiguration.maxBatchSize = 5_000
+        // See DemoSimulatorSetup: the mock cluster holds every Fetch for fetch.wait.max.ms.
+        if embeddedKafka { readerConfiguration.client.properties["fetch.wait.max.ms"] = "10" }
         reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
         tally = RunTally(idPrefix: "demo-\(runID)-")
     }

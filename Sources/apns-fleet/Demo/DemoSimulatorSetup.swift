@@ -44,14 +44,18 @@ struct DemoSimulatorSetup {
     }
 
     /// Writes `fleet.yaml` for the workers and returns the arguments that use it.
-    func writeFleetConfiguration(bootstrap: String, simulatorPort: Int) throws -> [String] {
+    func writeFleetConfiguration(bootstrap: String, simulatorPort: Int, embeddedKafka: Bool) throws -> [String] {
         func path(_ file: String) -> String { (credentialsDirectory as NSString).appendingPathComponent(file) }
+        // The mock cluster answers a Fetch only when fetch.wait.max.ms has passed, even when records
+        // arrive meanwhile (a real broker answers at once): with the default 500 ms every job
+        // would wait up to half a second in Kafka. Real brokers keep librdkafka's default.
+        let properties = embeddedKafka ? "session.timeout.ms=6000, fetch.wait.max.ms=10" : "session.timeout.ms=6000"
         let yaml = """
             # Written by `apns-fleet demo`: one app on the local APNs simulator. See docs/configuration.md.
             kafka:
               bootstrap-servers: \(bootstrap)
-              # The embedded Kafka rebalances faster with a short session timeout.
-              properties: [session.timeout.ms=6000]
+              # A short session timeout: faster rebalances when a worker stops.
+              properties: [\(properties)]
             apps: [demo]
             app:
               demo:

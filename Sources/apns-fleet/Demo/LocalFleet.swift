@@ -26,6 +26,8 @@ struct LocalFleet {
 
     let topics = TopicNames()
     let bootstrap: String
+    /// Whether Kafka is kafka-dev (librdkafka's mock cluster) rather than the user's brokers.
+    let embeddedKafka: Bool
     let generator: JobGenerator
     let logDirectory: String
     let metricsURLs: [String]
@@ -85,7 +87,7 @@ struct LocalFleet {
                 guard let port = Self.port(after: "h2 (TLS) 127.0.0.1:", in: listening) else {
                     throw UsageError("cannot read the simulator's port from: \(listening)")
                 }
-                fleetArguments = try setup.writeFleetConfiguration(bootstrap: bootstrap, simulatorPort: port)
+                fleetArguments = try setup.writeFleetConfiguration(bootstrap: bootstrap, simulatorPort: port, embeddedKafka: options.brokers == nil)
                 generator = setup.generator
                 say("APNs: the simulator on 127.0.0.1:\(port) (TLS, token auth; credentials in \(setup.credentialsDirectory))")
             }
@@ -121,7 +123,7 @@ struct LocalFleet {
             }
             say("Workers: \(options.workers) push worker(s)\(options.feedbackWorker ? " and the feedback worker" : ""), partitions assigned")
             return LocalFleet(
-                bootstrap: bootstrap, generator: generator, logDirectory: logs, metricsURLs: metricsURLs,
+                bootstrap: bootstrap, embeddedKafka: options.brokers == nil, generator: generator, logDirectory: logs, metricsURLs: metricsURLs,
                 processes: processes, pushWorkers: pushWorkers
             )
         } catch {

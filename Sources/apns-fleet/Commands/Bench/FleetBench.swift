@@ -54,8 +54,14 @@ struct FleetBench {
         var client = KafkaClientConfiguration(bootstrapServers: [fleet.bootstrap])
         client.clientID = "apns-fleet-bench"
         client.statisticsInterval = nil
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        var producerConfiguration = KafkaProducerConfiguration(client: client)
+        // Latencies start at `published_at`, taken when a job is handed to the producer: at a set
+        // rate, do not let it wait for a batch first.
+        if settings.rate != nil { producerConfiguration.linger = .milliseconds(1) }
+        let producer = try KafkaProducer(configuration: producerConfiguration, logger: logger)
         var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "bench-reader-\(runID)", topics: [fleet.topics.results])
+        // See DemoSimulatorSetup: the mock cluster holds every Fetch for fetch.wait.max.ms.
+        if fleet.embeddedKafka { readerConfiguration.client.properties["fetch.wait.max.ms"] = "10" }
         readerConfiguration.sessionTimeout = .seconds(6)
         readerConfiguration.maxBatchSize = 5_000
         let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
@@ -84,13 +90,13 @@ struct FleetBench {
 
             // Mark the end of warm-up, then the end of the run.
             let started = ContinuousClock.now
-            var warm: (time: ContinuousClock.Instant, cpu: [Double], seen: Int, jobs: Int, latencies: Int)?
+            var warm: (time: ContinuousClock.Instant, cpu: [Double], seen: Int, jobs: Int, latencies: Int, toAPNs: Int)?
             var expected = 0
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
                 if warm == nil, snapshot.notificationsSeen >= settings.warmup {
-                    warm = (.now, fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }, snapshot.notificationsSeen, snapshot.jobsComplete, snapshot.latenciesMs.count)
+                    warm = (.now, fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }, snapshot.notificationsSeen, snapshot.jobsComplete, snapshot.latenciesMs.count, snapshot.toAPNsLatenciesMs.count)
                 }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
@@ -128,6 +134,9 @@ struct FleetBench {
             record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(measured, 1)), decimals: 2)
             record.set("p50_ms", Percentiles.value(0.5, of: latencies) ?? 0, decimals: 1)
             record.set("p99_ms", Percentiles.value(0.99, of: latencies) ?? 0, decimals: 1)
+            let toAPNs = Array(snapshot.toAPNsLatenciesMs.dropFirst(warm.toAPNs)).sorted()
+            record.set("to_apns_p50_ms", Percentiles.value(0.5, of: toAPNs) ?? 0, decimals: 1)
+            record.set("to_apns_p99_ms", Percentiles.value(0.99, of: toAPNs) ?? 0, decimals: 1)
             record.set("peak_rss_mb", Double(usages.compactMap { $0?.peakResidentKilobytes }.max() ?? 0) / 1024, decimals: 1)
             record.set("lost", expected - snapshot.notificationsSeen)
             record.set("duplicates", snapshot.duplicates)
