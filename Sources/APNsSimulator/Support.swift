@@ -2,34 +2,6 @@ import APNsCore
 import NIOCore
 import Synchronization
 
-/// Lowercase canonical UUIDs (version 4) for `apns-id`s the client did not send.
-enum UUIDText {
-    private static let digits: [UInt8] = Array("0123456789abcdef".utf8)
-
-    static func random(using generator: inout SplitMix64) -> String {
-        var high = generator.next()
-        var low = generator.next()
-        high = (high & 0xFFFF_FFFF_FFFF_0FFF) | 0x0000_0000_0000_4000  // version 4
-        low = (low & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000  // variant 1
-        return String(unsafeUninitializedCapacity: 36) { buffer in
-            var position = 0
-            var nibble = 0
-            for word in [high, low] {
-                for shift in stride(from: 60, through: 0, by: -4) {
-                    if nibble == 8 || nibble == 12 || nibble == 16 || nibble == 20 {
-                        buffer[position] = UInt8(ascii: "-")
-                        position += 1
-                    }
-                    buffer[position] = digits[Int((word >> UInt64(shift)) & 0xF)]
-                    position += 1
-                    nibble += 1
-                }
-            }
-            return position
-        }
-    }
-}
-
 /// The per-device rate limit, shared by every connection (APNs counts per device, not per connection).
 final class DeviceRateLimiter: Sendable {
     private struct Window { var start: UInt64; var count: Int }

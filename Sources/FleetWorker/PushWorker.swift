@@ -37,6 +37,9 @@ public final class PushWorker: Service, Sendable {
     private let intake: JobIntake
     private let policy: DeliveryPolicy
     private let limiter: InFlightLimiter
+    /// `apns-id`s for jobs that name none (the same one for every attempt of a notification):
+    /// seeded once from the system's random source, so ids differ between workers.
+    private let apnsIDs = Mutex(SplitMix64(seed: UInt64.random(in: .min ... .max)))
     private let pauses: PartitionPauses
     private let retryWaits = RetryWaits()
     private let logger: Logger
@@ -323,7 +326,7 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     private func makeNotification(token: DeviceToken, of job: JobInFlight) -> OutgoingNotification {
         // The same apns-id for every in-process attempt.
-        let apnsID = job.job.job.apnsID ?? UUID().uuidString.lowercased()
+        let apnsID = job.job.job.apnsID ?? apnsIDs.withLock { UUIDText.random(using: &$0) }
         return OutgoingNotification(app: job.appName, token: token, job: job.job, apnsID: apnsID)
     }
 
