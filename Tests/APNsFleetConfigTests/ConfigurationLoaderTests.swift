@@ -183,6 +183,20 @@ struct ConfigurationLoaderTests {
         #expect(SecretFile.permissionWarnings(for: configuration).isEmpty)
     }
 
+    @Test("Kafka TLS checks switched off through kafka.properties are warned about")
+    func kafkaVerificationOff() async throws {
+        let relaxed = try await ConfigurationLoader(environment: [
+            "APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "ssl",
+            "APNS_FLEET_KAFKA_PROPERTIES": "enable.ssl.certificate.verification=false,ssl.endpoint.identification.algorithm=none",
+        ]).load()
+        let warnings = SecurityWarnings.all(for: relaxed)
+        #expect(warnings.count == 2)
+        #expect(warnings.first?.contains("enable.ssl.certificate.verification=false") == true)
+        #expect(warnings.last?.contains("ssl.endpoint.identification.algorithm=none") == true)
+        let strict = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "ssl"]).load()
+        #expect(SecurityWarnings.all(for: strict).isEmpty)
+    }
+
     @Test("docs/configuration.md documents every key the loader reads")
     func referenceIsComplete() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()

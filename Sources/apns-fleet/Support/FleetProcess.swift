@@ -34,7 +34,7 @@ struct FleetProcess {
         fleet = try await ConfigurationLoader(filePath: options.config, environment: ProcessInfo.processInfo.environment, overrides: options.overrides).load()
         var logger = Logger(label: label)
         logger.logLevel = options.logLevel
-        for warning in SecretFile.permissionWarnings(for: fleet) { logger.warning("\(warning)") }
+        for warning in SecurityWarnings.all(for: fleet) { logger.warning("\(warning)") }
         self.logger = logger
         registry = PrometheusCollectorRegistry()
         MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
