@@ -54,7 +54,7 @@ public struct JobPublisher: Sendable {
                     outcome.failed("\(error)")
                 }
             }
-            try await send(message, onDelivery: onDelivery)
+            try await producer.sendWaitingForSpace(message, onDelivery: onDelivery)
             if ContinuousClock.now - lastProgress > .milliseconds(100) {
                 progress(index + 1)
                 lastProgress = .now
@@ -72,7 +72,7 @@ public struct JobPublisher: Sendable {
         let outcome = DeliveryCount()
         let started = ContinuousClock.now
         for (index, message) in messages.enumerated() {
-            try await send(message) { result in
+            try await producer.sendWaitingForSpace(message) { result in
                 switch result {
                 case .success: outcome.delivered()
                 case .failure(let error): outcome.failed("\(error)")
@@ -84,18 +84,6 @@ public struct JobPublisher: Sendable {
         try await producer.flush(timeout: .seconds(120))
         let counts = outcome.counts
         return Summary(published: counts.delivered, failed: counts.failed, firstError: counts.firstError, seconds: (ContinuousClock.now - started).seconds)
-    }
-
-    /// Sends, waiting while the producer's queue is full (back-pressure, not unbounded memory).
-    private func send(_ message: KafkaOutgoingMessage, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) async throws {
-        while true {
-            do {
-                try producer.send(message, onDelivery: onDelivery)
-                return
-            } catch where error.code == .queueFull {
-                try await Task.sleep(for: .milliseconds(2))
-            }
-        }
     }
 }
 

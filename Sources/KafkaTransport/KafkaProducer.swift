@@ -95,6 +95,24 @@ public final class KafkaProducer: Service, Sendable {
         if let error = core.enqueue(message, handler: handler) { throw error }
     }
 
+    /// Like ``send(_:onDelivery:)``, but while the local queue is full it waits (polling every
+    /// `retryInterval`) instead of failing: back-pressure for a sender that has nothing better to
+    /// do. Other errors, and cancellation while waiting, are thrown.
+    public func sendWaitingForSpace(
+        _ message: KafkaOutgoingMessage,
+        retryInterval: Duration = .milliseconds(2),
+        onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
+    ) async throws {
+        while true {
+            do {
+                try send(message, onDelivery: onDelivery)
+                return
+            } catch where error.code == .queueFull {
+                try await Task.sleep(for: retryInterval)
+            }
+        }
+    }
+
     /// Messages enqueued or in flight, not yet reported.
     public var queuedMessages: Int { Int(rd_kafka_outq_len(core.handle.pointer)) }
 

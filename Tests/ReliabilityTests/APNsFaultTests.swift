@@ -88,10 +88,7 @@ struct APNsFaultTests {
                 }
             }
             outcome.expectNothingLost()
-            figures.add(outcome)
-            figures.recoveryMs += recoveries.value
-            figures.faultsInjected += injected.value.count
-            figures.addFaults(injected.value)
+            figures.add(outcome, recoveries: recoveries.value, faults: injected.value)
         }
         figures.seconds = (ContinuousClock.now - began).secondsValue
         // Debug builds, two connections, 64 in flight: a worker that grew past this under faults

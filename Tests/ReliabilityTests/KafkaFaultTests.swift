@@ -57,10 +57,7 @@ struct KafkaFaultTests {
                 }
             }
             outcome.expectNothingLost()
-            figures.add(outcome)
-            figures.recoveryMs += recoveries.value
-            figures.faultsInjected += injected.value.count
-            figures.addFaults(injected.value)
+            figures.add(outcome, recoveries: recoveries.value, faults: injected.value)
         }
         figures.seconds = (ContinuousClock.now - began).secondsValue
         #expect(figures.peakWorkerRSSMB < 1024, "worker peak RSS \(figures.peakWorkerRSSMB) MB")

@@ -58,6 +58,14 @@ struct ReliabilityFigures: Sendable {
         peakWorkerRSSMB = max(peakWorkerRSSMB, outcome.peakWorkerRSSMB)
     }
 
+    /// Adds one run of a fault suite: its outcome, the recovery after each fault, and the faults.
+    mutating func add(_ outcome: RunOutcome, recoveries: [Int64], faults: [String]) {
+        add(outcome)
+        recoveryMs += recoveries
+        faultsInjected += faults.count
+        addFaults(faults)
+    }
+
     var jsonLine: String {
         let sorted = recoveryMs.sorted()
         let median = sorted.isEmpty ? 0 : sorted[(sorted.count - 1) / 2]

@@ -371,7 +371,7 @@ final class ReliabilityFleet: Sendable {
                     failures.update { $0.append("\(job.id): \(error)") }
                 }
             }
-            try await send(message, onDelivery: onDelivery)
+            try await producer.sendWaitingForSpace(message, retryInterval: .milliseconds(5), onDelivery: onDelivery)
             sent += 1
         }
         return sent
@@ -387,19 +387,6 @@ final class ReliabilityFleet: Sendable {
         tally.expect(jobID: id, tokens: tokens, kind: kind)
         keys.update { keys in
             for (token, _) in tokens { keys["\(id)/\(token)"] = "\(position.topic)[\(position.partition)]@\(position.offset)" }
-        }
-    }
-
-    /// Sends, waiting while the producer's queue is full. (A function of its own: the same loop
-    /// inlined into `publish` sends the compiler's SIL passes into a very long run, Swift 6.3.1.)
-    private func send(_ message: KafkaOutgoingMessage, onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) async throws {
-        while true {
-            do {
-                try producer.send(message, onDelivery: onDelivery)
-                return
-            } catch where error.code == .queueFull {
-                try await Task.sleep(for: .milliseconds(5))
-            }
         }
     }
 

@@ -84,7 +84,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         let filled = Counter()
         for index in 0..<messages {
             let message = KafkaOutgoingMessage(topic: inputTopic, key: Array("key-\(index)".utf8), value: value)
-            try await Self.send(message, producer) { result in
+            try await producer.sendWaitingForSpace(message, retryInterval: .milliseconds(1)) { result in
                 if case .success = result { filled.increment() }
             }
         }
@@ -121,10 +121,8 @@ struct KafkaBenchCommand: AsyncParsableCommand {
                     let onDelivery: @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void = { result in
                         sink.delivered(receipt, result)
                     }
-                    // Usually there is room in the queue, and nothing needs to suspend.
-                    if try !Self.trySend(message, producer, onDelivery: onDelivery) {
-                        try await Self.send(message, producer, onDelivery: onDelivery)
-                    }
+                    // Usually there is room in the queue, and nothing suspends.
+                    try await producer.sendWaitingForSpace(message, retryInterval: .milliseconds(1), onDelivery: onDelivery)
                 }
                 consumed += batch.count
                 if consumed >= total { break }
@@ -157,31 +155,6 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         json.field("failed", sink.failed.value)
         json.endObject()
         print(String(decoding: json.bytes, as: UTF8.self))
-    }
-
-    /// Sends once; returns false (without sending) when the producer's queue is full.
-    private static func trySend(
-        _ message: KafkaOutgoingMessage,
-        _ producer: KafkaProducer,
-        onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
-    ) throws(KafkaError) -> Bool {
-        do {
-            try producer.send(message, onDelivery: onDelivery)
-            return true
-        } catch where error.code == .queueFull {
-            return false
-        }
-    }
-
-    /// Sends, waiting while the producer's queue is full.
-    private static func send(
-        _ message: KafkaOutgoingMessage,
-        _ producer: KafkaProducer,
-        onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
-    ) async throws {
-        while try !trySend(message, producer, onDelivery: onDelivery) {
-            try await Task.sleep(for: .milliseconds(1))
-        }
     }
 }
 
