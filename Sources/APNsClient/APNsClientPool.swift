@@ -132,20 +132,26 @@ public final class APNsClientPool: Service, Sendable {
         if let immediate { return immediate }
         if deadline <= .now() { return .timeout }
         return await withUnsafeContinuation { (continuation: Waiter) in
-            let ticket = state.withLock { state -> UInt64? in
+            state.withLock { state in
                 if let immediate = Self.immediateLease(&state) {
                     continuation.resume(returning: immediate)
-                    return nil
+                    return
                 }
-                let ticket = state.assignment.enqueue(continuation)
+                // Given up by `expireWaiters`, at most `deadlineCheckInterval` after the deadline.
+                state.assignment.enqueue(continuation, deadline: deadline.uptimeNanoseconds)
                 metrics.recordWaiting(state.assignment.waiterCount)
-                return ticket
             }
-            guard let ticket else { return }
-            group.next().scheduleTask(deadline: deadline) { [self] in
-                let waiter = state.withLock { $0.assignment.cancel(ticket: ticket) }
-                waiter?.resume(returning: .timeout)
-            }
+        }
+    }
+
+    /// Tells waiters whose deadline passed that no stream freed up in time. One sweep per pool,
+    /// every `deadlineCheckInterval`, instead of a timer per waiting request.
+    private func expireWaiters() async {
+        while !isShuttingDown {
+            try? await Task.sleep(for: configuration.deadlineCheckInterval)
+            let now = NIODeadline.now().uptimeNanoseconds
+            let expired = state.withLock { $0.assignment.expire(now: now) }
+            for waiter in expired { waiter.resume(returning: .timeout) }
         }
     }
 
@@ -230,6 +236,7 @@ public final class APNsClientPool: Service, Sendable {
                     group.addTask { await self.runSlot(slot) }
                 }
                 group.addTask { await self.sampleGauges() }
+                group.addTask { await self.expireWaiters() }
                 await self.waitForShutdownRequest()
                 await self.drainAndClose()
             }

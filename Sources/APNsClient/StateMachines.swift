@@ -205,7 +205,11 @@ public struct PoolAssignment<Waiter> {
     }
 
     public private(set) var entries: [Entry] = []
-    private var waiters: [UInt64: Waiter] = [:]
+    /// Waiters by ticket, with the deadline (a monotonic clock reading) each gives up at.
+    private var waiters: [UInt64: (waiter: Waiter, deadline: UInt64)] = [:]
+    /// No waiter's deadline is earlier than this (it may be earlier than the earliest left, as
+    /// waiters that are served do not raise it): `expire` scans only once it has passed.
+    private var earliestDeadline: UInt64 = .max
     private var order: [UInt64] = []
     private var orderHead = 0
     private var nextTicket: UInt64 = 0
@@ -236,17 +240,38 @@ public struct PoolAssignment<Waiter> {
         return entries[best].id
     }
 
-    /// Queues a waiter; returns its ticket (for `cancel`).
-    public mutating func enqueue(_ waiter: Waiter) -> UInt64 {
+    /// Queues a waiter that gives up at `deadline` (any monotonic clock, in the caller's unit);
+    /// returns its ticket (for `cancel`).
+    @discardableResult
+    public mutating func enqueue(_ waiter: Waiter, deadline: UInt64 = .max) -> UInt64 {
         nextTicket += 1
-        waiters[nextTicket] = waiter
+        waiters[nextTicket] = (waiter, deadline)
+        earliestDeadline = min(earliestDeadline, deadline)
         order.append(nextTicket)
         return nextTicket
     }
 
-    /// Removes a waiter that gave up (its deadline passed); nil if it was already served.
+    /// Removes a waiter that gave up; nil if it was already served.
     public mutating func cancel(ticket: UInt64) -> Waiter? {
-        waiters.removeValue(forKey: ticket)
+        waiters.removeValue(forKey: ticket)?.waiter
+    }
+
+    /// Removes and returns the waiters whose deadline is at or before `now`, oldest first. One
+    /// periodic call replaces a timer per waiter.
+    public mutating func expire(now: UInt64) -> [Waiter] {
+        guard !waiters.isEmpty, earliestDeadline <= now else { return [] }
+        var expired: [(ticket: UInt64, waiter: Waiter)] = []
+        var earliestLeft = UInt64.max
+        for (ticket, entry) in waiters {
+            if entry.deadline <= now {
+                expired.append((ticket, entry.waiter))
+            } else {
+                earliestLeft = min(earliestLeft, entry.deadline)
+            }
+        }
+        earliestDeadline = earliestLeft
+        for entry in expired { waiters.removeValue(forKey: entry.ticket) }
+        return expired.sorted { $0.ticket < $1.ticket }.map(\.waiter)
     }
 
     /// Adds a connection (not usable until its SETTINGS arrive).
@@ -304,7 +329,7 @@ public struct PoolAssignment<Waiter> {
                 order.removeFirst(orderHead)
                 orderHead = 0
             }
-            if let waiter = waiters.removeValue(forKey: ticket) { return waiter }
+            if let entry = waiters.removeValue(forKey: ticket) { return entry.waiter }
         }
         if orderHead > 0 {
             order.removeAll(keepingCapacity: true)

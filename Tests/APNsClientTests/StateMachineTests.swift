@@ -146,4 +146,25 @@ struct StateMachineTests {
         let r23 = pool.acquire()
         #expect(r23 == nil)
     }
+
+    @Test("Waiters past their deadline are given up in one sweep, oldest first; the rest keep their place")
+    func waiterDeadlines() {
+        var pool = PoolAssignment<String>()
+        pool.add(connection: 1, budget: StreamBudget(localLimit: 1, tokenAuthentication: false))
+        _ = pool.update(connection: 1) { $0.settingsReceived(maxConcurrentStreams: 1) }
+        let r1 = pool.acquire()
+        #expect(r1 == 1)
+        pool.enqueue("patient", deadline: 500)
+        pool.enqueue("hasty", deadline: 100)
+        pool.enqueue("hastier", deadline: 50)
+        let early = pool.expire(now: 10)
+        #expect(early.isEmpty)
+        let expired = pool.expire(now: 100)
+        #expect(expired == ["hasty", "hastier"], "oldest first")
+        #expect(pool.waiterCount == 1)
+        let served = pool.update(connection: 1) { $0.close(tokenAccepted: true) }
+        #expect(served.map(\.waiter) == ["patient"])
+        let none = pool.expire(now: 1_000)
+        #expect(none.isEmpty, "a served waiter is not given up")
+    }
 }
