@@ -116,11 +116,13 @@ public final class PushWorker: Service, Sendable {
 
     /// How many notifications a record will become, for the in-flight bound. Estimated cheaply
     /// from the raw bytes: a fan-out job counts by its tokens.
+    private static let tokensMarker = Array(#""tokens""#.utf8)
+
     static func weight(of record: KafkaRecord) -> Int {
         if record.headers.contains(where: { $0.key == JobDecoder.tokenHeader }) { return 1 }
         var quotes = 0
         var inTokens = false
-        let marker = Array(#""tokens""#.utf8)
+        let marker = tokensMarker
         var index = 0
         let bytes = record.value
         // Count strings inside the tokens array; stop at its closing bracket.

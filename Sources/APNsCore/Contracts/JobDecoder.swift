@@ -47,26 +47,39 @@ public struct JobDecoder: Sendable {
         var fields = EnvelopeFields()
         do {
             try parser.beginObject()
-            var seen = Set<String>()
+            // Keys seen so far, to refuse repeats: a bit per key the decoder knows, and a set
+            // (made only when needed) for the others.
+            var seenKnown: UInt16 = 0
+            var seenOther: Set<String> = []
             var first = true
             while let key = try parser.nextKey(first: first) {
                 first = false
-                guard seen.insert(key).inserted else {
+                let known = EnvelopeKey(key)
+                let repeated: Bool
+                if let known {
+                    repeated = seenKnown & known.bit != 0
+                    seenKnown |= known.bit
+                } else {
+                    repeated = !seenOther.insert(key).inserted
+                }
+                guard !repeated else {
                     throw EnvelopeError.rejection(JobRejection(field: key, "key \(JobRules.quoted(JobRules.clip(key))) appears more than once"))
                 }
-                switch key {
-                case "payload", "meta":
+                switch known {
+                case .payload?, .meta?:
                     // Kept as raw bytes: validated here, never decoded into a tree.
                     let isObject = parser.peekSignificant() == UInt8(ascii: "{")
                     let range = try parser.skipValueReturningRange()
-                    if key == "payload" {
+                    if known == .payload {
                         fields.payload = (range, isObject)
                     } else {
                         fields.meta = (range, isObject)
                     }
-                default:
-                    let value = try parser.parseValue()
-                    if Self.envelopeKeys.contains(key) { fields.values[key] = value }
+                case let known?:
+                    fields.values[known.rawValue] = try parser.parseValue()
+                case nil:
+                    // Unknown keys are allowed, but must still be valid JSON.
+                    _ = try parser.parseValue()
                 }
             }
             try parser.expectEnd()
@@ -80,36 +93,78 @@ public struct JobDecoder: Sendable {
         return try fields.job(bytes: bytes, limits: limits)
     }
 
-    static let envelopeKeys: Set<String> = [
-        "id", "tokens", "token", "topic", "push_type", "priority", "expiration", "collapse_id",
-        "environment", "app", "deadline",
-    ]
+    /// The envelope keys the decoder reads. Their values sit in fixed slots (no dictionary per
+    /// job); `payload` and `meta` are kept as raw byte ranges instead.
+    private enum EnvelopeKey: Int {
+        case id, tokens, token, topic, pushType, priority, expiration, collapseID, environment, app, deadline
+        case payload, meta
+
+        init?(_ name: String) {
+            switch name {
+            case "id": self = .id
+            case "tokens": self = .tokens
+            case "token": self = .token
+            case "topic": self = .topic
+            case "push_type": self = .pushType
+            case "priority": self = .priority
+            case "expiration": self = .expiration
+            case "collapse_id": self = .collapseID
+            case "environment": self = .environment
+            case "app": self = .app
+            case "deadline": self = .deadline
+            case "payload": self = .payload
+            case "meta": self = .meta
+            default: return nil
+            }
+        }
+
+        var name: String {
+            switch self {
+            case .id: "id"
+            case .tokens: "tokens"
+            case .token: "token"
+            case .topic: "topic"
+            case .pushType: "push_type"
+            case .priority: "priority"
+            case .expiration: "expiration"
+            case .collapseID: "collapse_id"
+            case .environment: "environment"
+            case .app: "app"
+            case .deadline: "deadline"
+            case .payload: "payload"
+            case .meta: "meta"
+            }
+        }
+
+        var bit: UInt16 { 1 << UInt16(rawValue) }
+    }
 
     private enum EnvelopeError: Error { case rejection(JobRejection) }
 
     private struct EnvelopeFields {
-        var values: [String: JSONValue] = [:]
+        /// One slot per key whose value is parsed: every `EnvelopeKey` before `payload`.
+        var values = InlineArray<11, JSONValue?>(repeating: nil)
         var payload: (Range<Int>, Bool)?
         var meta: (Range<Int>, Bool)?
 
         /// The value of a key, treating an explicit `null` as absent.
-        func value(_ key: String) -> JSONValue? {
-            guard let value = values[key], value != .null else { return nil }
+        func value(_ key: EnvelopeKey) -> JSONValue? {
+            guard let value = values[key.rawValue], value != .null else { return nil }
             return value
         }
 
-        func string(_ key: String) throws(JobRejection) -> String? {
+        func string(_ key: EnvelopeKey) throws(JobRejection) -> String? {
             guard let value = value(key) else { return nil }
             guard case .string(let text) = value else {
-                throw JobRejection(field: key, "\(key) must be a string, got \(value.typeName)")
+                throw JobRejection(field: key.name, "\(key.name) must be a string, got \(value.typeName)")
             }
             return text
         }
 
-        func integer(_ key: String) throws(JobRejection) -> (Int64?, String)? {
+        func integer(_ key: EnvelopeKey) throws(JobRejection) -> (Int64?, String)? {
             guard let value = value(key) else { return nil }
             guard case .number(let literal) = value else {
-                throw JobRejection(field: key, "\(key) must be an integer, got \(value.typeName)")
+                throw JobRejection(field: key.name, "\(key.name) must be an integer, got \(value.typeName)")
             }
             return (Int64(literal), literal)
         }
@@ -123,15 +178,15 @@ public struct JobDecoder: Sendable {
                 throw JobRejection(field: "payload", "payload must be a JSON object")
             }
             var job = NotificationJob(tokens: tokens, payload: RawJSON(bytes: bytes[payloadRange]))
-            if let id = try string("id") { job.id = try JobRules.identifier(id, field: "id") }
-            if let topic = try string("topic") { job.topic = try JobRules.topic(topic) }
-            if let pushType = try string("push_type") { job.pushType = try JobRules.pushType(pushType) }
-            if let (value, literal) = try integer("priority") { job.priority = try JobRules.priority(value, literal: literal) }
-            if let (value, literal) = try integer("expiration") { job.expiration = try JobRules.expiration(value, literal: literal) }
-            if let collapseID = try string("collapse_id") { job.collapseID = try JobRules.collapseID(collapseID) }
-            if let environment = try string("environment") { job.environment = try JobRules.environment(environment) }
-            if let app = try string("app") { job.app = try JobRules.identifier(app, field: "app") }
-            if let (value, literal) = try integer("deadline") { job.deadline = try JobRules.deadline(value, literal: literal) }
+            if let id = try string(.id) { job.id = try JobRules.identifier(id, field: "id") }
+            if let topic = try string(.topic) { job.topic = try JobRules.topic(topic) }
+            if let pushType = try string(.pushType) { job.pushType = try JobRules.pushType(pushType) }
+            if let (value, literal) = try integer(.priority) { job.priority = try JobRules.priority(value, literal: literal) }
+            if let (value, literal) = try integer(.expiration) { job.expiration = try JobRules.expiration(value, literal: literal) }
+            if let collapseID = try string(.collapseID) { job.collapseID = try JobRules.collapseID(collapseID) }
+            if let environment = try string(.environment) { job.environment = try JobRules.environment(environment) }
+            if let app = try string(.app) { job.app = try JobRules.identifier(app, field: "app") }
+            if let (value, literal) = try integer(.deadline) { job.deadline = try JobRules.deadline(value, literal: literal) }
             if let (metaRange, metaIsObject) = meta, bytes[metaRange] != ArraySlice("null".utf8) {
                 guard metaIsObject else { throw JobRejection(field: "meta", "meta must be a JSON object") }
                 guard metaRange.count <= JobRules.maximumMetaBytes else {
@@ -144,7 +199,7 @@ public struct JobDecoder: Sendable {
         }
 
         private func tokens(limits: Limits) throws(JobRejection) -> [DeviceToken] {
-            switch (value("tokens"), value("token")) {
+            switch (value(.tokens), value(.token)) {
             case (.some, .some):
                 throw JobRejection(field: "tokens", "both token and tokens are given; use one")
             case (nil, nil):
