@@ -99,7 +99,7 @@ public struct NotificationResult: Sendable, Hashable {
 
     /// The JSON value written to `apns.results`.
     public func encoded() -> [UInt8] {
-        var writer = JSONWriter(capacity: 384 + (meta?.count ?? 0))
+        var writer = JSONWriter(capacity: 512 + (meta?.count ?? 0))
         writer.beginObject()
         writer.field("job_id", jobID)
         writer.field("token", token)
@@ -113,7 +113,7 @@ public struct NotificationResult: Sendable, Hashable {
         writer.field("unregistered_at", unregisteredAt)
         writer.field("attempts", attempts)
         writer.field("latency_ms", latencyMs)
-        writer.field("sent_at", sentAt.rfc3339)
+        writer.field("sent_at", sentAt)
         writer.field("worker", worker)
         writer.field("meta", raw: meta)
         writer.beginObject("source")

@@ -19,6 +19,14 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
 
     /// `2026-11-22T10:00:00.123Z`.
     public var rfc3339: String {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(24)
+        appendRFC3339(to: &bytes)
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// Appends ``rfc3339`` to `bytes` without making a String (results carry one each).
+    public func appendRFC3339(to bytes: inout [UInt8]) {
         let millis = Int((value % 1000 + 1000) % 1000)
         let totalSeconds = (value - Int64(millis)) / 1000
         var days = totalSeconds / 86_400
@@ -28,10 +36,36 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
             days -= 1
         }
         let (year, month, day) = Self.civil(fromDays: days)
-        let hour = Int(secondsOfDay / 3600)
-        let minute = Int(secondsOfDay % 3600 / 60)
-        let second = Int(secondsOfDay % 60)
-        return "\(pad(year, 4))-\(pad(month, 2))-\(pad(day, 2))T\(pad(hour, 2)):\(pad(minute, 2)):\(pad(second, 2)).\(pad(millis, 3))Z"
+        Self.append(year, 4, to: &bytes)
+        bytes.append(UInt8(ascii: "-"))
+        Self.append(month, 2, to: &bytes)
+        bytes.append(UInt8(ascii: "-"))
+        Self.append(day, 2, to: &bytes)
+        bytes.append(UInt8(ascii: "T"))
+        Self.append(Int(secondsOfDay / 3600), 2, to: &bytes)
+        bytes.append(UInt8(ascii: ":"))
+        Self.append(Int(secondsOfDay % 3600 / 60), 2, to: &bytes)
+        bytes.append(UInt8(ascii: ":"))
+        Self.append(Int(secondsOfDay % 60), 2, to: &bytes)
+        bytes.append(UInt8(ascii: "."))
+        Self.append(millis, 3, to: &bytes)
+        bytes.append(UInt8(ascii: "Z"))
+    }
+
+    /// `value` zero-padded to `width` digits; a value that does not fit (a year past 9999, or
+    /// before year 0) is written as `String(value)` padded, as before.
+    private static func append(_ value: Int, _ width: Int, to bytes: inout [UInt8]) {
+        var limit = 1
+        for _ in 0..<width { limit *= 10 }
+        guard value >= 0, value < limit else {
+            bytes.append(contentsOf: String(value).leftPadded(to: width).utf8)
+            return
+        }
+        var divisor = limit / 10
+        while divisor > 0 {
+            bytes.append(UInt8(ascii: "0") + UInt8(value / divisor % 10))
+            divisor /= 10
+        }
     }
 
     /// Parses what `rfc3339` writes (UTC with `Z`, optional fraction of up to 9 digits).
@@ -92,9 +126,5 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
         let doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + Int64(day) - 1
         let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
         return era * 146_097 + doe - 719_468
-    }
-
-    private func pad(_ value: Int, _ width: Int) -> String {
-        String(value).leftPadded(to: width)
     }
 }

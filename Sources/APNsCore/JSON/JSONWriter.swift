@@ -2,7 +2,11 @@
 /// Foundation's encoders and writes fields in a fixed order.
 public struct JSONWriter {
     public private(set) var bytes: [UInt8]
-    private var needsComma: [Bool] = []
+    /// Per open object or array, whether the next member needs a comma: one bit per level, the
+    /// innermost in bit `depth - 1` (levels past 64, which no contract has, go to `deeper`).
+    private var commaBits: UInt64 = 0
+    private var depth = 0
+    private var deeper: [Bool] = []
 
     public init(capacity: Int = 512) {
         bytes = []
@@ -12,30 +16,30 @@ public struct JSONWriter {
     public mutating func beginObject() {
         separator()
         bytes.append(UInt8(ascii: "{"))
-        needsComma.append(false)
+        pushLevel()
     }
 
     /// Opens an object as the value of `key` inside the current object.
     public mutating func beginObject(_ key: String) {
         writeKey(key)
         bytes.append(UInt8(ascii: "{"))
-        needsComma.append(false)
+        pushLevel()
     }
 
     public mutating func endObject() {
         bytes.append(UInt8(ascii: "}"))
-        needsComma.removeLast()
+        popLevel()
     }
 
     public mutating func beginArray(_ key: String) {
         writeKey(key)
         bytes.append(UInt8(ascii: "["))
-        needsComma.append(false)
+        pushLevel()
     }
 
     public mutating func endArray() {
         bytes.append(UInt8(ascii: "]"))
-        needsComma.removeLast()
+        popLevel()
     }
 
     public mutating func field(_ key: String, _ value: String?) {
@@ -67,9 +71,61 @@ public struct JSONWriter {
         for _ in 0..<decimals { scale *= 10 }
         let rounded = (value * scale).rounded() / scale
         if rounded == rounded.rounded(), abs(rounded) < 1e15 {
-            bytes.append(contentsOf: String(Int64(rounded)).utf8)
+            appendInteger(Int64(rounded))
+        } else if decimals <= 6, abs(value * scale) < 1e15 {
+            // Digits written directly, as `Double.description` would give them for a value that
+            // is a whole number of 10^-decimals: the integer part, then the fraction without
+            // trailing zeros (no String per number on the result path).
+            let units = Int64((value * scale).rounded())
+            var unitsPerWhole: Int64 = 1
+            for _ in 0..<decimals { unitsPerWhole *= 10 }
+            let magnitude = units.magnitude
+            if units < 0 { bytes.append(UInt8(ascii: "-")) }
+            appendInteger(Int64(magnitude / UInt64(unitsPerWhole)))
+            var fraction = magnitude % UInt64(unitsPerWhole)
+            var width = decimals
+            while fraction % 10 == 0, width > 0 {
+                fraction /= 10
+                width -= 1
+            }
+            bytes.append(UInt8(ascii: "."))
+            appendDigits(fraction, width: width)
         } else {
             bytes.append(contentsOf: "\(rounded)".utf8)
+        }
+    }
+
+    /// `"2026-11-22T10:00:00.123Z"`, written in place.
+    public mutating func field(_ key: String, _ value: UnixMillis) {
+        writeKey(key)
+        bytes.append(UInt8(ascii: "\""))
+        value.appendRFC3339(to: &bytes)
+        bytes.append(UInt8(ascii: "\""))
+    }
+
+    private mutating func appendInteger(_ value: Int64) {
+        if value < 0 { bytes.append(UInt8(ascii: "-")) }
+        let magnitude = value.magnitude
+        var width = 1
+        var limit: UInt64 = 10
+        while magnitude >= limit, width < 20 {
+            width += 1
+            if limit > UInt64.max / 10 { break }
+            limit *= 10
+        }
+        appendDigits(magnitude, width: width)
+    }
+
+    /// `value` in exactly `width` decimal digits (zero-padded; `value` must fit).
+    private mutating func appendDigits(_ value: UInt64, width: Int) {
+        let start = bytes.count
+        bytes.append(contentsOf: repeatElement(UInt8(ascii: "0"), count: width))
+        var rest = value
+        var index = start + width - 1
+        while rest > 0, index >= start {
+            bytes[index] = UInt8(ascii: "0") + UInt8(rest % 10)
+            rest /= 10
+            index -= 1
         }
     }
 
@@ -93,9 +149,30 @@ public struct JSONWriter {
     }
 
     private mutating func separator() {
-        guard let last = needsComma.last else { return }
-        if last { bytes.append(UInt8(ascii: ",")) }
-        needsComma[needsComma.count - 1] = true
+        guard depth > 0 else { return }
+        if depth > 64 {
+            if deeper[deeper.count - 1] { bytes.append(UInt8(ascii: ",")) }
+            deeper[deeper.count - 1] = true
+            return
+        }
+        let bit: UInt64 = 1 << UInt64(depth - 1)
+        if commaBits & bit != 0 { bytes.append(UInt8(ascii: ",")) }
+        commaBits |= bit
+    }
+
+    private mutating func pushLevel() {
+        depth += 1
+        if depth > 64 {
+            deeper.append(false)
+        } else {
+            commaBits &= ~(1 << UInt64(depth - 1))
+        }
+    }
+
+    private mutating func popLevel() {
+        guard depth > 0 else { return }
+        if depth > 64 { deeper.removeLast() }
+        depth -= 1
     }
 
     private mutating func appendLiteral(_ literal: String) {
