@@ -327,6 +327,10 @@ struct ClientIntegrationTests {
                 let notification = Fixture.notification()
                 let outcome = await pool.send(notification, timeout: .seconds(20))
                 #expect(outcome.status == 200, "\(name): \(outcome)")
+                // Without apns-topic the request goes out without the header, and APNs's answer
+                // for a certificate of several topics comes back as is.
+                let untopical = await pool.send(Fixture.notification(topic: nil), timeout: .seconds(20))
+                #expect(untopical.status == 400 && untopical.response?.reason == .missingTopic, "\(name): \(untopical)")
                 pool.shutdown()
                 try await group.waitForAll()
             }
