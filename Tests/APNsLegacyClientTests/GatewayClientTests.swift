@@ -123,7 +123,7 @@ struct GatewayClientTests {
             let elapsed = ContinuousClock.now - started
             #expect(verdict == .accepted)
             #expect(elapsed >= .milliseconds(300))
-            #expect(elapsed < .seconds(2))
+            #expect(elapsed < .seconds(10), "\(elapsed)")
         }
         #expect(services.counts.acceptedIdentifiers == [1])
     }
@@ -171,7 +171,9 @@ struct GatewayClientTests {
                 return
             }
             #expect(why.contains("no connection"))
-            #expect(elapsed < .seconds(2))
+            // Ends at its deadline rather than waiting for a gateway that never comes: the bound
+            // only has to tell "bounded" from "waits forever" on a busy CI machine.
+            #expect(elapsed < .seconds(10), "\(elapsed)")
             client.shutdown()
             try await group.waitForAll()
         }

@@ -62,7 +62,7 @@ struct WorkerLifecycleTests {
         let status = try await worker.waitForExit(timeout: 10)
         let took = clock.now - secondSignal
         #expect(status == 143, "128 + SIGTERM")
-        #expect(took < .seconds(3), "exited \(took) after the second signal")
+        #expect(took < .seconds(10), "exited \(took) after the second signal, not after the 30 s answers")
         #expect(worker.output(containing: "exiting now").count == 1, "\(worker.lines.value.suffix(5))")
         await simulator.stop(gracePeriod: .zero)
     }
