@@ -102,31 +102,12 @@ struct HostileCorpusTests {
         var logger = Logger(label: "hostile-corpus-test")
         logger.logLevel = .critical  // each record is logged as rejected; that is not news here
 
-        let directory = NSTemporaryDirectory() + "apns-fleet-hostile-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let credentials = try DevCredentials.generate(topic: "com.example.app")
-        let summary = try credentials.write(to: directory)
-        var simulatorConfiguration = try credentials.simulatorConfiguration()
-        simulatorConfiguration.listeners.http2TLSPort = 0
-        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
-        let port = try #require(simulator.port(.http2TLS))
-
-        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
-        let topics = TopicNames()
-        try cluster.createTopic(topics.jobs, partitions: 2)
-        for topic in [topics.retry, topics.deadLetter, topics.results, topics.tokenEvents] {
-            try cluster.createTopic(topic, partitions: 1)
+        let backends = try await InProcessBackends.start(name: "hostile", jobPartitions: 2, otherPartitions: 1, logger: logger)
+        let (directory, simulator, topics, client, app) = (backends.directory, backends.simulator, backends.topics, backends.client, backends.app)
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            withExtendedLifetime(backends.cluster) {}  // Kafka stays up until the test ends
         }
-        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-        client.statisticsInterval = nil
-
-        let app = AppConfiguration(
-            name: "example",
-            authentication: .token(keyFile: (directory as NSString).appendingPathComponent(summary.signingKeyFile), keyID: summary.keyID, teamID: summary.teamID),
-            defaults: JobDefaults(topic: "com.example.app"),
-            endpoint: .custom(host: "127.0.0.1", port: port, caFile: (directory as NSString).appendingPathComponent(summary.caFile)),
-            connections: 1
-        )
         let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
         consumerConfiguration.sessionTimeout = .seconds(6)

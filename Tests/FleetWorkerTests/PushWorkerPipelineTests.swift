@@ -20,35 +20,16 @@ struct PushWorkerPipelineTests {
         var logger = Logger(label: "pipeline-test")
         logger.logLevel = .warning
 
-        // APNs: the simulator over TLS, with one unregistered token.
-        let directory = NSTemporaryDirectory() + "apns-fleet-worker-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let credentials = try DevCredentials.generate(topic: "com.example.app")
-        let summary = try credentials.write(to: directory)
-        var simulatorConfiguration = try credentials.simulatorConfiguration()
-        simulatorConfiguration.listeners.http2TLSPort = 0
-        simulatorConfiguration.behaviour.unregisteredTokens = [Self.dead: 1_767_225_600_123]
-        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
-        let port = try #require(simulator.port(.http2TLS))
-
-        // Kafka: the mock cluster with the project's topics.
-        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
-        let topics = TopicNames()
-        try cluster.createTopic(topics.jobs, partitions: 4)
-        for topic in [topics.retry, topics.deadLetter, topics.results, topics.tokenEvents] {
-            try cluster.createTopic(topic, partitions: 2)
-        }
-        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-        client.statisticsInterval = nil
-
-        // The fleet: one app on the simulator.
-        let app = AppConfiguration(
-            name: "example",
-            authentication: .token(keyFile: (directory as NSString).appendingPathComponent(summary.signingKeyFile), keyID: summary.keyID, teamID: summary.teamID),
-            defaults: JobDefaults(topic: "com.example.app"),
-            endpoint: .custom(host: "127.0.0.1", port: port, caFile: (directory as NSString).appendingPathComponent(summary.caFile)),
-            connections: 1
+        // APNs: the simulator over TLS, with one unregistered token; Kafka: the mock cluster.
+        let backends = try await InProcessBackends.start(
+            name: "worker", jobPartitions: 4, otherPartitions: 2,
+            behaviour: { $0.unregisteredTokens = [Self.dead: 1_767_225_600_123] }, logger: logger
         )
+        let (directory, simulator, topics, client, app) = (backends.directory, backends.simulator, backends.topics, backends.client, backends.app)
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            withExtendedLifetime(backends.cluster) {}  // Kafka stays up until the test ends
+        }
         let fleet = FleetConfiguration(apps: [app])
         let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])

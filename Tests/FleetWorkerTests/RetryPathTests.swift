@@ -248,31 +248,10 @@ final class InProcessFleet: Sendable {
     ) async throws -> InProcessFleet {
         var logger = Logger(label: "retry-path-test")
         logger.logLevel = .error
-        let directory = NSTemporaryDirectory() + "apns-fleet-retry-" + UUID().uuidString
-        let credentials = try DevCredentials.generate(topic: "com.example.app")
-        let summary = try credentials.write(to: directory)
-        var simulatorConfiguration = try credentials.simulatorConfiguration()
-        simulatorConfiguration.listeners.http2TLSPort = 0
-        simulatorConfiguration.behaviour = behaviour
-        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
-        let port = try #require(simulator.port(.http2TLS))
-
-        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
-        let topics = TopicNames()
-        try cluster.createTopic(topics.jobs, partitions: 4)
-        for topic in [topics.retry, topics.deadLetter, topics.results, topics.tokenEvents] {
-            try cluster.createTopic(topic, partitions: 2)
-        }
-        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-        client.statisticsInterval = nil
-
-        let app = AppConfiguration(
-            name: "example",
-            authentication: .token(keyFile: (directory as NSString).appendingPathComponent(summary.signingKeyFile), keyID: summary.keyID, teamID: summary.teamID),
-            defaults: JobDefaults(topic: "com.example.app"),
-            endpoint: .custom(host: "127.0.0.1", port: port, caFile: (directory as NSString).appendingPathComponent(summary.caFile)),
-            connections: 1
+        let backends = try await InProcessBackends.start(
+            name: "retry", jobPartitions: 4, otherPartitions: 2, behaviour: { $0 = behaviour }, logger: logger
         )
+        let (directory, simulator, cluster, topics, client, app) = (backends.directory, backends.simulator, backends.cluster, backends.topics, backends.client, backends.app)
         let fleet = FleetConfiguration(apps: [app], retry: retry)
         let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
