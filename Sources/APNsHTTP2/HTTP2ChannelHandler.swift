@@ -1,8 +1,9 @@
 import NIOCore
 
 /// Drives an `HTTP2Session` from a SwiftNIO channel: bytes read go into the session, and what
-/// the session produces is written once per read burst (at `channelReadComplete`) or when the
-/// session's user calls `HTTP2Session.flush()` outside a read burst.
+/// the session produces is written after every 4 KiB of input, at the end of a read burst
+/// (`channelReadComplete`), or when the session's user calls `HTTP2Session.flush()` outside a
+/// read burst.
 ///
 /// Put it last in the pipeline, after TLS if any. The connection preface and initial SETTINGS
 /// are sent when the channel becomes active.
@@ -14,12 +15,12 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
     private let initialSettings: [HTTP2Setting]
     private var context: ChannelHandlerContext?
     private var started = false
-    private var inReadBurst = false
-    private var closed = false
+    @exclusivity(unchecked) private var inReadBurst = false
+    @exclusivity(unchecked) private var closed = false
     /// The output buffer, kept between flushes: TLS has encrypted its bytes by the time
     /// `writeAndFlush` returns, so clearing it reuses the storage instead of allocating (if
     /// anything still holds it, copy-on-write allocates anew).
-    private var output: ByteBuffer?
+    @exclusivity(unchecked) private var output: ByteBuffer?
     /// Called with a description when the session fails and the connection is closed.
     public var onError: ((HTTP2Error) -> Void)?
 
@@ -52,14 +53,29 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
     }
 
     public func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        let buffer = unwrapInboundIn(data)
-        inReadBurst = true
-        do {
-            try session.receive(buffer)
-        } catch {
-            fail(error)
+        var buffer = unwrapInboundIn(data)
+        // A big read is fed in slices, and what each slice produced is written before the next:
+        // the peer then works on the first answers while the rest are made, instead of the two
+        // sides taking turns over whole bursts.
+        while !closed, let slice = buffer.readSlice(length: min(buffer.readableBytes, Self.inputSliceBytes)), slice.readableBytes > 0 {
+            inReadBurst = true
+            do {
+                try session.receive(slice)
+            } catch {
+                fail(error)
+                return
+            }
+            if buffer.readableBytes > 0, session.wantsWrite {
+                inReadBurst = false
+                flushOutput()
+            }
         }
+        inReadBurst = true
     }
+
+    /// About 15 notification requests, or 100 responses, per slice: a write per slice costs
+    /// less than the peer waiting for the whole read.
+    static let inputSliceBytes = 4096
 
     public func channelReadComplete(context: ChannelHandlerContext) {
         inReadBurst = false

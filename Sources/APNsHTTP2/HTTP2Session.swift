@@ -1,6 +1,12 @@
 import CNGHTTP2
 import NIOCore
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// What a session reports to the code that uses it. All calls happen on the channel's event
 /// loop, from inside `HTTP2Session.receive(_:)` (or, for `http2SessionDidClose`, from the driver).
 public protocol HTTP2SessionDelegate: AnyObject {
@@ -53,7 +59,11 @@ public struct HTTP2HeaderField {
 
     /// Compares the name without making a String.
     public func nameEquals(_ literal: StaticString) -> Bool {
-        literal.withUTF8Buffer { $0.count == nameBytes.count && $0.elementsEqual(nameBytes) }
+        literal.withUTF8Buffer { literal in
+            guard literal.count == nameBytes.count else { return false }
+            guard let left = literal.baseAddress, let right = nameBytes.baseAddress else { return literal.isEmpty }
+            return memcmp(left, right, literal.count) == 0
+        }
     }
 
     /// Calls `body` with the value's bytes (valid only inside `body`).
@@ -86,7 +96,8 @@ public struct HTTP2SessionOptions: Sendable {
 /// One HTTP/2 connection's state: a libnghttp2 session fed and drained through memory
 /// (`nghttp2_session_mem_recv` / `nghttp2_session_mem_send`), for clients and servers alike.
 ///
-/// Not thread-safe: create, use and drop it on one event loop. It owns its `nghttp2_session`
+/// Not thread-safe: create, use and drop it on one event loop (which is why its buffers skip
+/// the runtime's exclusivity checks: they run several times per request). It owns its `nghttp2_session`
 /// and frees it in `deinit`. Usually driven by an `HTTP2ChannelHandler`.
 public final class HTTP2Session {
     public let role: HTTP2Role
@@ -97,12 +108,12 @@ public final class HTTP2Session {
     /// Bodies still to send. A stream's data provider carries its slot index (plus one) as
     /// `source.ptr`, and so does the stream's user data, so finding a body hashes nothing;
     /// freed slots are reused.
-    private var bodies: [PendingBody] = []
-    private var freeBodySlots: [Int] = []
+    @exclusivity(unchecked) private var bodies: [PendingBody] = []
+    @exclusivity(unchecked) private var freeBodySlots: [Int] = []
     /// Reused storage for header fields and nghttp2_nv entries, so submitting headers does not
     /// allocate in steady state.
-    private var scratchHeaders = HTTP2HeaderBlock()
-    private var nameValues: [nghttp2_nv] = []
+    @exclusivity(unchecked) private var scratchHeaders = HTTP2HeaderBlock()
+    @exclusivity(unchecked) private var nameValues: [nghttp2_nv] = []
     /// The channel handler that moves bytes, set when a handler adopts the session and cleared
     /// when it is removed (a strong reference: weak ones make every retain take a slow path).
     var driver: HTTP2ChannelHandler?
@@ -188,10 +199,16 @@ public final class HTTP2Session {
     /// Sends a response on `stream`: HEADERS, then `body` as DATA if it has bytes (END_STREAM on the last frame).
     public func submitResponse(stream: Int32, headers: [HTTP2Header], body: ByteBuffer? = nil) throws(HTTP2Error) {
         fillScratch(headers)
+        try submitResponse(stream: stream, headers: scratchHeaders, body: body)
+    }
+
+    /// Answers `stream` with fields laid out in `headers` (servers that answer many requests
+    /// reuse one block), then `body` as DATA.
+    public func submitResponse(stream: Int32, headers: HTTP2HeaderBlock, body: ByteBuffer? = nil) throws(HTTP2Error) {
         let rc: Int32
         if let body, body.readableBytes > 0 {
             let slot = storeBody(.buffer(body), stream: stream)
-            rc = withNameValues(scratchHeaders) { nva, count in
+            rc = withNameValues(headers) { nva, count in
                 var provider = HTTP2Callbacks.bodyProvider(slot: slot)
                 return nghttp2_submit_response(raw, stream, nva, count, &provider)
             }
@@ -201,7 +218,7 @@ public final class HTTP2Session {
                 releaseBody(slot: slot)
             }
         } else {
-            rc = withNameValues(scratchHeaders) { nva, count in nghttp2_submit_response(raw, stream, nva, count, nil) }
+            rc = withNameValues(headers) { nva, count in nghttp2_submit_response(raw, stream, nva, count, nil) }
         }
         if rc != 0 { throw HTTP2Error("submit response on stream \(stream)", code: Int(rc)) }
     }

@@ -82,6 +82,20 @@ public struct HTTP2HeaderBlock: Sendable {
         fields.append(Field(nameCount: nameCount, valueCount: bytes.count - start, neverIndex: neverIndex))
     }
 
+    /// A field whose `valueCount` value bytes `writeValue` writes in place (no String is made).
+    public mutating func append(
+        _ name: StaticString, valueCount: Int, neverIndex: Bool = false,
+        writeValue: (UnsafeMutableBufferPointer<UInt8>) -> Void
+    ) {
+        let nameCount = appendBytes(name)
+        let start = bytes.count
+        bytes.append(contentsOf: repeatElement(0, count: valueCount))
+        bytes.withUnsafeMutableBufferPointer { all in
+            writeValue(UnsafeMutableBufferPointer(rebasing: all[start ..< start + valueCount]))
+        }
+        fields.append(Field(nameCount: nameCount, valueCount: valueCount, neverIndex: neverIndex))
+    }
+
     public mutating func append(_ header: HTTP2Header) {
         bytes.append(contentsOf: header.name.utf8)
         bytes.append(contentsOf: header.value.utf8)
