@@ -75,30 +75,21 @@ public struct TopicGrant: Sendable, Hashable {
 
 /// A request that passed every header and payload rule.
 public struct APNsAcceptedRequest: Sendable, Hashable {
-    public let deviceToken: String
+    /// The `:path`; the token is cut out of it only when asked for.
+    let path: String
     public let topic: String
     public let pushType: PushType
     public let priority: NotificationPriority
+
+    public var deviceToken: String { String(RequestValidator().deviceToken(in: path)) }
 }
 
 /// The provider API's request rules (reference Tables 8-1, 8-2, 8-4, 8-6), as a pure function
 /// of the request: no I/O, no clock, no randomness. Stateful behaviour (authentication, rate
 /// limits, unregistered tokens, injected failures) is decided by the caller around it.
 public struct RequestValidator: Sendable {
-    /// Topic suffixes the push types that need one must carry.
-    public static let topicSuffixes: [PushType: String] = [
-        .voip: ".voip",
-        .complication: ".complication",
-        .fileprovider: ".pushkit.fileprovider",
-        .liveactivity: ".push-type.liveactivity",
-        .location: ".location-query",
-        .pushtotalk: ".voip-ptt",
-    ]
-
     /// Not in Table 8-6 but what APNs answers for an unknown `apns-push-type`.
     public static let invalidPushType = APNsReason(rawValue: "InvalidPushType")
-
-    private static let devicePrefix = "/3/device/"
 
     public init() {}
 
@@ -122,21 +113,26 @@ public struct RequestValidator: Sendable {
     static func pathShape(_ path: String) -> PathShape {
         var path = path
         return path.withUTF8 { bytes in
-            if bytes.count == devicePrefixCount - 1 {
-                return bytes.elementsEqual(devicePrefixBytes.prefix(devicePrefixCount - 1)) ? .noToken : .other
-            }
-            guard bytes.count >= devicePrefixCount else { return .other }
-            for index in 0..<devicePrefixCount where bytes[index] != devicePrefixBytes[index] { return .other }
-            let count = bytes.count - devicePrefixCount
-            if count == 0 { return .noToken }
+            let prefix = devicePrefix.utf8Start
+            let prefixCount = devicePrefix.utf8CodeUnitCount
+            // "/3/device" without the last slash still names the device endpoint.
+            let checked = min(bytes.count, prefixCount)
+            guard checked >= prefixCount - 1 else { return .other }
+            for index in 0..<checked where bytes[index] != prefix[index] { return .other }
+            let count = bytes.count - prefixCount
+            if count <= 0 { return .noToken }
             guard count % 2 == 0, count >= DeviceToken.minimumBytes * 2, count <= DeviceToken.maximumBytes * 2 else { return .badToken }
-            for index in devicePrefixCount..<bytes.count where !isHexDigit[Int(bytes[index])] { return .badToken }
+            for index in prefixCount..<bytes.count where !isHexDigit(bytes[index]) { return .badToken }
             return .token
         }
     }
 
-    private static let isHexDigit: [Bool] = (0..<256).map { byte in
-        (48...57).contains(byte) || (65...70).contains(byte) || (97...102).contains(byte)
+    @inline(__always)
+    private static func isHexDigit(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"), UInt8(ascii: "A")...UInt8(ascii: "F"): true
+        default: false
+        }
     }
 
     /// Every header and payload rule, after authentication has granted `grant`.
@@ -147,8 +143,6 @@ public struct RequestValidator: Sendable {
 
     /// `checkNotification` for a request whose route `checkRoute` already accepted.
     func checkHeaders(_ head: APNsRequestHead, payloadCount: Int, grant: TopicGrant) -> Result<APNsAcceptedRequest, APNsRejection> {
-        let token = String(deviceToken(in: head.path ?? ""))
-
         if let apnsID = head.apnsID, !Self.isCanonicalUUID(apnsID) { return .failure(APNsRejection(.badMessageId)) }
 
         var priority = NotificationPriority.immediate
@@ -179,12 +173,12 @@ public struct RequestValidator: Sendable {
             guard Self.isWellFormedTopic(given) else { return .failure(APNsRejection(.badTopic)) }
             topic = given
         } else if !grant.topicRequired, let fallback = grant.defaultTopic {
-            topic = fallback + (Self.topicSuffixes[pushType] ?? "")
+            topic = fallback + (pushType.requiredTopicSuffix ?? "")
         } else {
             return .failure(APNsRejection(.missingTopic))
         }
         let base: Substring
-        if let suffix = Self.topicSuffixes[pushType] {
+        if let suffix = pushType.requiredTopicSuffix {
             guard topic.hasSuffix(suffix), topic.utf8.count > suffix.utf8.count else { return .failure(APNsRejection(.badTopic)) }
             base = topic.dropLast(suffix.count)
         } else {
@@ -197,7 +191,7 @@ public struct RequestValidator: Sendable {
         if payloadCount == 0 { return .failure(APNsRejection(.payloadEmpty)) }
         if payloadCount > pushType.maximumPayloadBytes { return .failure(APNsRejection(.payloadTooLarge)) }
 
-        return .success(APNsAcceptedRequest(deviceToken: token, topic: topic, pushType: pushType, priority: priority))
+        return .success(APNsAcceptedRequest(path: head.path ?? "", topic: topic, pushType: pushType, priority: priority))
     }
 
     /// The text after `/3/device/` (empty when there is none).
@@ -207,10 +201,8 @@ public struct RequestValidator: Sendable {
         return Substring(utf8[utf8.index(utf8.startIndex, offsetBy: Self.devicePrefixCount)...])
     }
 
-    private static let devicePrefixCount = devicePrefix.utf8.count
-    private static let devicePrefixBytes = Array(devicePrefix.utf8)
-
-
+    private static let devicePrefix: StaticString = "/3/device/"
+    private static var devicePrefixCount: Int { devicePrefix.utf8CodeUnitCount }
 
     /// 64 to 200 hex digits (32 to 100 bytes), as `DeviceToken` accepts.
     static func isWellFormedToken(_ token: Substring) -> Bool {
@@ -243,8 +235,26 @@ public struct RequestValidator: Sendable {
 
     /// A bundle-id-like topic: non-empty, at most 256 bytes, no spaces or control characters.
     static func isWellFormedTopic(_ topic: String) -> Bool {
-        let count = topic.utf8.count
-        guard count > 0, count <= JobRules.maximumIdentifierBytes else { return false }
-        return topic.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+        var topic = topic
+        return topic.withUTF8 { bytes in
+            guard bytes.count > 0, bytes.count <= JobRules.maximumIdentifierBytes else { return false }
+            for byte in bytes where byte <= 0x20 || byte >= 0x7F { return false }
+            return true
+        }
+    }
+}
+
+extension PushType {
+    /// The suffix the topic of this push type must carry (`.voip` for VoIP), if any.
+    public var requiredTopicSuffix: String? {
+        switch self {
+        case .voip: ".voip"
+        case .complication: ".complication"
+        case .fileprovider: ".pushkit.fileprovider"
+        case .liveactivity: ".push-type.liveactivity"
+        case .location: ".location-query"
+        case .pushtotalk: ".voip-ptt"
+        case .alert, .background, .mdm, .widgets, .controls: nil
+        }
     }
 }

@@ -69,8 +69,8 @@ public final class RuntimeFaults: Sendable {
     }
 
     /// The behaviour one request gets: the configured one with the faults applied.
-    func effective(_ behaviour: APNsSimulatorConfiguration.Behaviour) -> EffectiveBehaviour {
-        var effective = EffectiveBehaviour(behaviour)
+    func effective(_ configured: EffectiveBehaviour) -> EffectiveBehaviour {
+        var effective = configured
         guard active.load(ordering: .acquiring) else { return effective }
         let faults = overrides.withLock { $0 }
         if let rate = faults.internalServerErrorRate { effective.internalServerErrorRate = rate }
@@ -82,7 +82,7 @@ public final class RuntimeFaults: Sendable {
 }
 
 /// The parts of the behaviour that runtime faults can change, as one request sees them.
-struct EffectiveBehaviour {
+struct EffectiveBehaviour: Sendable {
     var internalServerErrorRate: Double
     var serviceUnavailableRate: Double
     var latency: Duration

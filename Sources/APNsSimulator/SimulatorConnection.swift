@@ -15,6 +15,9 @@ final class SimulatorContext: Sendable {
     let registry = ConnectionRegistry()
     /// Faults switched on and off at run time (admin `POST /faults`).
     let faults = RuntimeFaults()
+    /// The configured values that runtime faults can override (read on every request; copying
+    /// the whole behaviour would retain each of its collections).
+    let configuredRates: EffectiveBehaviour
     /// Whether any per-token behaviour is configured (only then is the token lowercased and looked up).
     let hasTokenBehaviour: Bool
 
@@ -23,6 +26,7 @@ final class SimulatorContext: Sendable {
         self.counters = counters
         self.verifier = ProviderTokenVerifier(keys: configuration.authentication.tokenKeys, maximumAge: configuration.authentication.maximumTokenAge)
         let behaviour = configuration.behaviour
+        self.configuredRates = EffectiveBehaviour(behaviour)
         self.rateLimiter = behaviour.perDeviceLimit.map { DeviceRateLimiter(limit: $0, window: behaviour.perDeviceWindow) }
         self.hasTokenBehaviour = !behaviour.unregisteredTokens.isEmpty || !behaviour.deviceTopics.isEmpty || behaviour.perDeviceLimit != nil
     }
@@ -63,6 +67,9 @@ enum ConnectionAuthentication {
 
 /// One HTTP/2 connection of the provider API: collects each stream's headers and body,
 /// judges the request and answers. Lives on the channel's event loop.
+///
+/// Its state is only touched on that loop, and never by two overlapping accesses, so the hot
+/// properties are `@exclusivity(unchecked)`: the runtime's checks cost 7% of the CPU per request.
 final class SimulatorConnection: HTTP2SessionDelegate {
     /// The request headers the provider API reads, as bit positions for duplicate detection.
     private enum Field: Int {
@@ -76,6 +83,12 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         var bodyCount = 0
         var body: ByteBuffer?
         var dumpHeaders: [(String, String)] = []
+
+        /// Keeps body bytes for `--dump`; payloads above the largest limit are only counted.
+        mutating func keep(_ chunk: HTTP2DataChunk, allocator: ByteBufferAllocator) {
+            if body == nil { body = allocator.buffer(capacity: chunk.count) }
+            if let kept = body?.readableBytes, kept <= 5120 + 16384 { body?.writeChunk(chunk) }
+        }
     }
 
     private let context: SimulatorContext
@@ -84,29 +97,34 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     private let transport: String
     /// Strong, and dropped when the connection closes: weak references make every retain of
     /// the objects involved take a slow path, which shows at 100k requests per second.
-    var session: HTTP2Session?
+    @exclusivity(unchecked) var session: HTTP2Session?
     /// Token auth state, mutated in place on every request (nil for certificate auth).
-    private var tokenAuthenticator: TokenAuthenticator?
+    @exclusivity(unchecked) private var tokenAuthenticator: TokenAuthenticator?
     private let certificateGrant: Result<TopicGrant, APNsRejection>?
-    private var streams: [Int32: StreamState] = [:]
+    @exclusivity(unchecked) private var streams: [Int32: StreamState] = [:]
     /// The request whose header block is arriving (header blocks never interleave).
-    private var current = StreamState()
-    private var currentStream: Int32 = 0
+    @exclusivity(unchecked) private var current = StreamState()
+    @exclusivity(unchecked) private var currentStream: Int32 = 0
     /// The last `:path` and `authorization` values, reused when the next request repeats
     /// them byte for byte (the common case), so that no String is made for them.
-    private var lastPath = HeaderValueCache()
-    private var lastAuthorization = HeaderValueCache()
+    @exclusivity(unchecked) private var lastPath = HeaderValueCache()
+    @exclusivity(unchecked) private var lastAuthorization = HeaderValueCache()
+    @exclusivity(unchecked) private var lastGrant: (team: String, grant: TopicGrant)?
+    /// Unix seconds, read once per read burst (requests of one burst arrived together).
+    @exclusivity(unchecked) private var clockSeconds: Int64?
+    /// Response header fields, refilled for every answer.
+    @exclusivity(unchecked) private var responseHeaders = HTTP2HeaderBlock(byteCapacity: 128, fieldCapacity: 4)
     /// Counts gathered during a read burst, published under the counters' lock once per burst.
-    private var pending = PendingCounts()
-    private var answered = 0
-    private var goingAway = false
-    private var advertisedMaxStreams: UInt32
-    private var lastActivity = NIODeadline.now()
-    private var random: SplitMix64
+    @exclusivity(unchecked) private var pending = PendingCounts()
+    @exclusivity(unchecked) private var answered = 0
+    @exclusivity(unchecked) private var goingAway = false
+    @exclusivity(unchecked) private var advertisedMaxStreams: UInt32
+    @exclusivity(unchecked) private var lastActivity = NIODeadline.now()
+    @exclusivity(unchecked) private var random: SplitMix64
     private var flushScheduled = false
-    private var closed = false
-    private var tokenVerificationsCounted = 0
-    private var tokenAccepted = false
+    @exclusivity(unchecked) private var closed = false
+    @exclusivity(unchecked) private var tokenVerificationsCounted = 0
+    @exclusivity(unchecked) private var tokenAccepted = false
 
     init(context: SimulatorContext, channel: any Channel, transport: String, authentication: ConnectionAuthentication) {
         self.context = context
@@ -165,8 +183,10 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     func http2(_ session: HTTP2Session, didReceiveHeadersOn stream: Int32) {
         // Trailers (a second header block) are ignored.
         guard stream == currentStream else { return }
-        streams[stream] = current
-        current = StreamState()
+        // Moved out rather than copied (a copy retains every header String).
+        var state = StreamState()
+        swap(&state, &current)
+        streams[stream] = state
         currentStream = 0
     }
 
@@ -205,20 +225,14 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     }
 
     func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32) {
-        streams[stream]?.bodyCount += chunk.count
-        guard context.configuration.dump else { return }
-        if streams[stream]?.body == nil {
-            streams[stream]?.body = channel.allocator.buffer(capacity: chunk.count)
-        }
-        // Payloads above the largest limit are only counted, not kept.
-        if let kept = streams[stream]?.body?.readableBytes, kept <= 5120 + 16384 {
-            streams[stream]?.body?.writeChunk(chunk)
-        }
+        // Through an index: an optional-chained subscript allocates on every call.
+        guard let index = streams.index(forKey: stream) else { return }
+        streams.values[index].bodyCount += chunk.count
+        if context.configuration.dump { streams.values[index].keep(chunk, allocator: channel.allocator) }
     }
 
     func http2(_ session: HTTP2Session, didReceiveEndStreamOn stream: Int32) {
         guard let state = streams.removeValue(forKey: stream) else { return }
-        lastActivity = .now()
         handleRequest(stream: stream, state: state, session: session)
     }
 
@@ -233,6 +247,9 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     }
 
     func http2SessionWillFlush(_ session: HTTP2Session) {
+        clockSeconds = nil
+        // Requests arrived since the last flush (the idle timer reads this).
+        if pending.requests > 0 { lastActivity = .now() }
         if !pending.isEmpty {
             context.counters.publish(id, &pending)
         }
@@ -253,29 +270,42 @@ final class SimulatorConnection: HTTP2SessionDelegate {
 
     private func handleRequest(stream: Int32, state: StreamState, session: HTTP2Session) {
         pending.requests += 1
-        let rejection = judge(state)
+        let behaviour = context.faults.effective(context.configuredRates)
+        let rejection = judge(state, behaviour: behaviour)
+        let apnsID = state.head.apnsID.map(ResponseID.echoed) ?? .generated(RandomUUID(using: &random))
         if context.configuration.dump { dump(stream: stream, state: state, rejection: rejection) }
-        let apnsID = state.head.apnsID ?? UUIDText.random(using: &random)
-        let behaviour = context.faults.effective(context.configuration.behaviour)
         if behaviour.latency > .zero || behaviour.latencyJitter > .zero {
             var delay = behaviour.latency
             if behaviour.latencyJitter > .zero { delay += behaviour.latencyJitter * random.nextUnit() }
             // The task holds the connection until it runs; a closed connection ignores it.
             channel.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(delay)) {
                 guard !self.closed else { return }
-                self.answer(stream: stream, rejection: rejection, apnsID: apnsID)
+                self.answer(stream: stream, rejection: rejection, apnsID: apnsID, behaviour: behaviour)
                 self.scheduleFlush()
             }
         } else {
-            answer(stream: stream, rejection: rejection, apnsID: apnsID)
+            answer(stream: stream, rejection: rejection, apnsID: apnsID, behaviour: behaviour)
+        }
+    }
+
+    /// The `apns-id` of an answer: the request's, or one made up for it (kept as bits, and
+    /// written straight into the response headers).
+    private enum ResponseID {
+        case echoed(String)
+        case generated(RandomUUID)
+
+        var text: String {
+            switch self {
+            case .echoed(let text): text
+            case .generated(let uuid): uuid.text
+            }
         }
     }
 
     /// Decides the answer: nil for 200.
-    private func judge(_ state: StreamState) -> APNsRejection? {
+    private func judge(_ state: StreamState, behaviour rates: EffectiveBehaviour) -> APNsRejection? {
         if goingAway { return APNsRejection(.shutdown) }
-        let head = state.head
-        if let rejection = context.validator.checkRoute(head) { return rejection }
+        if let rejection = context.validator.checkRoute(state.head) { return rejection }
 
         let grant: TopicGrant
         if let certificateGrant {
@@ -284,7 +314,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
             case .failure(let rejection): return rejection
             }
         } else {
-            guard let result = tokenAuthenticator?.authenticate(authorization: head.authorization, now: Int64(Date().timeIntervalSince1970)) else {
+            guard let result = tokenAuthenticator?.authenticate(authorization: state.head.authorization, now: burstClock()) else {
                 return APNsRejection(.missingProviderToken)
             }
             if let verifications = tokenAuthenticator?.verifications, verifications != tokenVerificationsCounted {
@@ -301,19 +331,18 @@ final class SimulatorConnection: HTTP2SessionDelegate {
                     tokenAccepted = true
                     setMaxConcurrentStreams(context.configuration.behaviour.maxConcurrentStreams)
                 }
-                grant = TopicGrant(topics: context.configuration.authentication.teamTopics[claims.teamID] ?? [], topicRequired: true)
+                grant = tokenGrant(team: claims.teamID)
             }
         }
 
         let accepted: APNsAcceptedRequest
-        switch context.validator.checkHeaders(head, payloadCount: state.bodyCount, grant: grant) {
+        switch context.validator.checkHeaders(state.head, payloadCount: state.bodyCount, grant: grant) {
         case .failure(let rejection): return rejection
         case .success(let request): accepted = request
         }
 
-        let behaviour = context.configuration.behaviour
-        let rates = context.faults.effective(behaviour)
         if context.hasTokenBehaviour {
+            let behaviour = context.configuration.behaviour
             let token = accepted.deviceToken.lowercased()
             if let bound = behaviour.deviceTopics[token], bound != accepted.topic {
                 return APNsRejection(.deviceTokenNotForTopic)
@@ -333,12 +362,34 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         return nil
     }
 
-    private static let contentType = HTTP2Header("content-type", "application/json")
+    private func burstClock() -> Int64 {
+        if let clockSeconds { return clockSeconds }
+        let now = Int64(Date().timeIntervalSince1970)
+        clockSeconds = now
+        return now
+    }
+
+    /// The topics a team's tokens may push to, looked up once per team the connection sees.
+    private func tokenGrant(team: String) -> TopicGrant {
+        if let last = lastGrant, last.team == team { return last.grant }
+        let grant = TopicGrant(topics: context.configuration.authentication.teamTopics[team] ?? [], topicRequired: true)
+        lastGrant = (team, grant)
+        return grant
+    }
 
     /// `apns-id` is unique per response, so it is sent never indexed: indexing it would only
     /// churn both HPACK dynamic tables.
-    private func answer(stream: Int32, rejection: APNsRejection?, apnsID: String) {
+    private func answer(stream: Int32, rejection: APNsRejection?, apnsID: ResponseID, behaviour: EffectiveBehaviour) {
         guard let session else { return }
+        responseHeaders.removeAll()
+        responseHeaders.append(":status", SimulatorCounters.statusText(rejection?.status ?? 200))
+        if rejection != nil { responseHeaders.append("content-type", "application/json") }
+        switch apnsID {
+        case .echoed(let text):
+            responseHeaders.append("apns-id", text, neverIndex: true)
+        case .generated(let uuid):
+            responseHeaders.append("apns-id", valueCount: UUIDText.count, neverIndex: true) { uuid.write(into: $0) }
+        }
         do {
             if let rejection {
                 var body = channel.allocator.buffer(capacity: 64)
@@ -351,13 +402,9 @@ final class SimulatorConnection: HTTP2SessionDelegate {
                 } else {
                     body.writeString("\"}")
                 }
-                try session.submitResponse(
-                    stream: stream,
-                    headers: [HTTP2Header(":status", SimulatorCounters.statusText(rejection.status)), Self.contentType, HTTP2Header("apns-id", apnsID, neverIndex: true)],
-                    body: body
-                )
+                try session.submitResponse(stream: stream, headers: responseHeaders, body: body)
             } else {
-                try session.submitResponse(stream: stream, headers: [HTTP2Header(":status", "200"), HTTP2Header("apns-id", apnsID, neverIndex: true)])
+                try session.submitResponse(stream: stream, headers: responseHeaders)
             }
         } catch {
             // The stream was reset before the answer (for example while latency was applied);
@@ -366,21 +413,20 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         }
         pending.recordAnswer(status: rejection?.status ?? 200, reason: rejection?.reason.rawValue)
         if context.configuration.dump {
-            context.configuration.dumpSink("<<< connection #\(id) stream \(stream): \(rejection.map { "\($0.status) \($0.reason)" } ?? "200") apns-id \(apnsID)")
+            context.configuration.dumpSink("<<< connection #\(id) stream \(stream): \(rejection.map { "\($0.status) \($0.reason)" } ?? "200") apns-id \(apnsID.text)")
         }
 
-        let behaviour = context.configuration.behaviour
         // APNs drops the stream limit to 1 after a rejected notification until one is accepted.
-        if context.faults.effective(behaviour).dropToOneStreamAfterRejection {
+        if behaviour.dropToOneStreamAfterRejection {
             if rejection != nil, advertisedMaxStreams != 1 {
                 setMaxConcurrentStreams(1)
-            } else if rejection == nil, advertisedMaxStreams != behaviour.maxConcurrentStreams {
-                setMaxConcurrentStreams(behaviour.maxConcurrentStreams)
+            } else if rejection == nil, advertisedMaxStreams != context.configuration.behaviour.maxConcurrentStreams {
+                setMaxConcurrentStreams(context.configuration.behaviour.maxConcurrentStreams)
             }
         }
         answered += 1
-        if let limit = behaviour.goAwayAfterStreams, answered >= limit, !goingAway {
-            goAway(reason: behaviour.goAwayReason)
+        if let limit = context.configuration.behaviour.goAwayAfterStreams, answered >= limit, !goingAway {
+            goAway(reason: context.configuration.behaviour.goAwayReason)
         }
     }
 
