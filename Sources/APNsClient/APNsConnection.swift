@@ -65,38 +65,39 @@ final class APNsConnection: @unchecked Sendable {
     }
     private let pending = Mutex(Pending())
 
-    // Loop-confined.
-    private var channel: (any Channel)?
-    private var session: HTTP2Session?
-    private var streams: StreamTable<InFlight>
+    // Loop-confined, and never accessed re-entrantly: so these skip the runtime's exclusivity
+    // checks, which ran several times per request.
+    @exclusivity(unchecked) private var channel: (any Channel)?
+    @exclusivity(unchecked) private var session: HTTP2Session?
+    @exclusivity(unchecked) private var streams: HTTP2StreamTable<InFlight>
     /// The stream whose header block is being received and its table slot (header fields of one
     /// block arrive back to back), so each field costs no lookup.
-    private var headerStream: Int32 = 0
-    private var headerLocation: StreamTable<InFlight>.Location?
-    private var tokenSchedule: ProviderTokenSchedule
-    private var authorization: String?
-    private var ready = false
-    private var unusable = false
-    private var closed = false
-    private var goAwayLastStreamID: Int32?
-    private var lastRead = NIODeadline.now()
-    private var pingSentAt: NIODeadline?
-    private var sweepTask: Scheduled<Void>?
-    private var drainDeadline: NIODeadline?
+    @exclusivity(unchecked) private var headerStream: Int32 = 0
+    @exclusivity(unchecked) private var headerLocation: HTTP2StreamTable<InFlight>.Location?
+    @exclusivity(unchecked) private var tokenSchedule: ProviderTokenSchedule
+    @exclusivity(unchecked) private var authorization: String?
+    @exclusivity(unchecked) private var ready = false
+    @exclusivity(unchecked) private var unusable = false
+    @exclusivity(unchecked) private var closed = false
+    @exclusivity(unchecked) private var goAwayLastStreamID: Int32?
+    @exclusivity(unchecked) private var lastRead = NIODeadline.now()
+    @exclusivity(unchecked) private var pingSentAt: NIODeadline?
+    @exclusivity(unchecked) private var sweepTask: Scheduled<Void>?
+    @exclusivity(unchecked) private var drainDeadline: NIODeadline?
     /// Reused for every request's header fields (no String or array allocated per request).
-    private var requestHeaders = HTTP2HeaderBlock()
-    private var spareBatch: [APNsRequest] = []
+    @exclusivity(unchecked) private var requestHeaders = HTTP2HeaderBlock()
+    @exclusivity(unchecked) private var spareBatch: [APNsRequest] = []
     /// Outcomes decided during a read burst (or another event-loop task), delivered together:
     /// the pool hears once per batch, then every caller is resumed.
-    private var completions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
-    private var spareCompletions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
-    private var completionsAcceptedToken = false
-    private var completionFlushScheduled = false
+    @exclusivity(unchecked) private var completions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
+    @exclusivity(unchecked) private var spareCompletions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
+    @exclusivity(unchecked) private var completionsAcceptedToken = false
+    @exclusivity(unchecked) private var completionFlushScheduled = false
     /// Set by frames received since the last flush; `lastRead` is updated once per burst.
-    private var readSinceFlush = false
+    @exclusivity(unchecked) private var readSinceFlush = false
     /// One clock reading per burst for answer latencies.
-    private var burstNow: NIODeadline?
-    private(set) var hadSuccess = false
+    @exclusivity(unchecked) private var burstNow: NIODeadline?
+    @exclusivity(unchecked) private(set) var hadSuccess = false
     /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
     private let successSeen = Atomic<Bool>(false)
     var hadSuccessSnapshot: Bool { successSeen.load(ordering: .relaxed) }
@@ -138,7 +139,7 @@ final class APNsConnection: @unchecked Sendable {
         self.logger = logger
         self.tokenSchedule = ProviderTokenSchedule(refreshAge: configuration.tokenRefreshAge)
         self.authority = configuration.endpoint.host
-        self.streams = StreamTable(minimumCapacity: configuration.maximumStreamsPerConnection)
+        self.streams = HTTP2StreamTable(minimumCapacity: configuration.maximumStreamsPerConnection)
         self.readyPromise = eventLoop.makePromise()
         self.unusablePromise = eventLoop.makePromise()
         self.closedPromise = eventLoop.makePromise()

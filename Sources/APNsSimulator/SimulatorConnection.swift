@@ -101,7 +101,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     /// Token auth state, mutated in place on every request (nil for certificate auth).
     @exclusivity(unchecked) private var tokenAuthenticator: TokenAuthenticator?
     private let certificateGrant: Result<TopicGrant, APNsRejection>?
-    @exclusivity(unchecked) private var streams: [Int32: StreamState] = [:]
+    @exclusivity(unchecked) private var streams: HTTP2StreamTable<StreamState>
     /// The request whose header block is arriving (header blocks never interleave).
     @exclusivity(unchecked) private var current = StreamState()
     @exclusivity(unchecked) private var currentStream: Int32 = 0
@@ -145,6 +145,8 @@ final class SimulatorConnection: HTTP2SessionDelegate {
             remoteAddress: channel.remoteAddress?.description ?? "?"
         )
         self.advertisedMaxStreams = context.configuration.behaviour.maxConcurrentStreams
+        // Streams beyond the table (more than 512 open at once) go to its overflow dictionary.
+        self.streams = HTTP2StreamTable(minimumCapacity: Int(min(context.configuration.behaviour.maxConcurrentStreams, 512)))
         if case .token = authentication, context.configuration.authentication.singleStreamUntilAuthenticated {
             advertisedMaxStreams = 1
         }
@@ -186,7 +188,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         // Moved out rather than copied (a copy retains every header String).
         var state = StreamState()
         swap(&state, &current)
-        streams[stream] = state
+        streams.insert(state, for: stream)
         currentStream = 0
     }
 
@@ -225,10 +227,13 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     }
 
     func http2(_ session: HTTP2Session, didReceiveData chunk: HTTP2DataChunk, on stream: Int32) {
-        // Through an index: an optional-chained subscript allocates on every call.
-        guard let index = streams.index(forKey: stream) else { return }
-        streams.values[index].bodyCount += chunk.count
-        if context.configuration.dump { streams.values[index].keep(chunk, allocator: channel.allocator) }
+        guard let location = streams.location(of: stream) else { return }
+        let dump = context.configuration.dump
+        let allocator = channel.allocator
+        streams.update(stream, at: location) { state in
+            state.bodyCount += chunk.count
+            if dump { state.keep(chunk, allocator: allocator) }
+        }
     }
 
     func http2(_ session: HTTP2Session, didReceiveEndStreamOn stream: Int32) {
@@ -257,7 +262,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
 
     func http2SessionDidClose(_ session: HTTP2Session) {
         closed = true
-        streams.removeAll()
+        _ = streams.removeAll()
         if !pending.isEmpty { context.counters.publish(id, &pending) }
         // Breaks the connection <-> session reference cycle.
         session.delegate = nil

@@ -1,18 +1,18 @@
-/// The connection's in-flight streams by stream id, looked up several times per response.
+/// A connection's open streams by stream id, looked up several times per request or response.
 ///
-/// A client's stream ids are odd and increasing, so `id >> 1` modulo a power of two at least
+/// Client-initiated stream ids are odd and increasing, so `id >> 1` modulo a power of two at least
 /// twice the stream limit maps the streams in flight to distinct slots: a direct-mapped table,
 /// no hashing and no probing. A stream that outlives `slots` newer ones (and so meets a newer
 /// stream on its slot) goes to a small dictionary instead. Confined to one event loop, like
 /// its owner.
-struct StreamTable<Value> {
+public struct HTTP2StreamTable<Value> {
     private var keys: [Int32]
     private var values: [Value?]
     private let mask: Int
     private var overflow: [Int32: Value] = [:]
-    private(set) var count = 0
+    public private(set) var count = 0
 
-    init(minimumCapacity: Int = 64) {
+    public init(minimumCapacity: Int = 64) {
         var size = 16
         while size < minimumCapacity * 2 { size <<= 1 }
         keys = Array(repeating: 0, count: size)
@@ -20,28 +20,28 @@ struct StreamTable<Value> {
         mask = size - 1
     }
 
-    var isEmpty: Bool { count == 0 }
+    public var isEmpty: Bool { count == 0 }
 
     @inline(__always)
     private func home(_ key: Int32) -> Int { Int(truncatingIfNeeded: key >> 1) & mask }
 
     /// Where `key` is: a slot of the direct-mapped table, or the overflow dictionary.
-    enum Location {
+    public enum Location {
         case slot(Int)
         case overflow
     }
 
-    func location(of key: Int32) -> Location? {
+    public func location(of key: Int32) -> Location? {
         let slot = home(key)
         if keys[slot] == key, key != 0 { return .slot(slot) }
         if !overflow.isEmpty, overflow[key] != nil { return .overflow }
         return nil
     }
 
-    func contains(_ key: Int32) -> Bool { location(of: key) != nil }
+    public func contains(_ key: Int32) -> Bool { location(of: key) != nil }
 
     /// Changes the value of `key`, if present, in place.
-    mutating func update(_ key: Int32, at location: Location, _ change: (inout Value) -> Void) {
+    public mutating func update(_ key: Int32, at location: Location, _ change: (inout Value) -> Void) {
         switch location {
         case .slot(let slot):
             // Taken out and put back, so the value is uniquely referenced while it changes.
@@ -57,7 +57,7 @@ struct StreamTable<Value> {
     }
 
     /// Inserts or replaces the value of `key` (ids are positive).
-    mutating func insert(_ value: Value, for key: Int32) {
+    public mutating func insert(_ value: Value, for key: Int32) {
         let slot = home(key)
         if keys[slot] == key {
             values[slot] = value
@@ -70,7 +70,7 @@ struct StreamTable<Value> {
         }
     }
 
-    mutating func removeValue(forKey key: Int32) -> Value? {
+    public mutating func removeValue(forKey key: Int32) -> Value? {
         let slot = home(key)
         if keys[slot] == key, key != 0 {
             keys[slot] = 0
@@ -83,12 +83,12 @@ struct StreamTable<Value> {
     }
 
     /// Every stream id in the table, in increasing order.
-    var sortedKeys: [Int32] {
+    public var sortedKeys: [Int32] {
         (keys.filter { $0 != 0 } + overflow.keys).sorted()
     }
 
     /// Removes everything; returns the entries in increasing stream order.
-    mutating func removeAll() -> [(stream: Int32, value: Value)] {
+    public mutating func removeAll() -> [(stream: Int32, value: Value)] {
         var all: [(stream: Int32, value: Value)] = []
         all.reserveCapacity(count)
         for slot in keys.indices where keys[slot] != 0 {
@@ -102,7 +102,7 @@ struct StreamTable<Value> {
     }
 
     /// Calls `body` for every entry (in no particular order).
-    func forEach(_ body: (Int32, Value) -> Void) {
+    public func forEach(_ body: (Int32, Value) -> Void) {
         for slot in keys.indices where keys[slot] != 0 {
             if let value = values[slot] { body(keys[slot], value) }
         }
