@@ -5,13 +5,20 @@
 /// no hashing and no probing. A stream that outlives `slots` newer ones (and so meets a newer
 /// stream on its slot) goes to a small dictionary instead. Confined to one event loop, like
 /// its owner.
+///
+/// Inlinable, so that users in other modules get it specialized for their value type (unspecialized,
+/// every call looked up generic metadata at run time).
 public struct HTTP2StreamTable<Value> {
-    private var keys: [Int32]
-    private var values: [Value?]
-    private let mask: Int
-    private var overflow: [Int32: Value] = [:]
-    public private(set) var count = 0
+    @usableFromInline var keys: [Int32]
+    @usableFromInline var values: [Value?]
+    @usableFromInline let mask: Int
+    @usableFromInline var overflow: [Int32: Value] = [:]
+    @usableFromInline var entries = 0
 
+    @inlinable
+    public var count: Int { entries }
+
+    @inlinable
     public init(minimumCapacity: Int = 64) {
         var size = 16
         while size < minimumCapacity * 2 { size <<= 1 }
@@ -20,10 +27,11 @@ public struct HTTP2StreamTable<Value> {
         mask = size - 1
     }
 
-    public var isEmpty: Bool { count == 0 }
+    @inlinable
+    public var isEmpty: Bool { entries == 0 }
 
-    @inline(__always)
-    private func home(_ key: Int32) -> Int { Int(truncatingIfNeeded: key >> 1) & mask }
+    @inlinable @inline(__always)
+    func home(_ key: Int32) -> Int { Int(truncatingIfNeeded: key >> 1) & mask }
 
     /// Where `key` is: a slot of the direct-mapped table, or the overflow dictionary.
     public enum Location {
@@ -31,6 +39,7 @@ public struct HTTP2StreamTable<Value> {
         case overflow
     }
 
+    @inlinable
     public func location(of key: Int32) -> Location? {
         let slot = home(key)
         if keys[slot] == key, key != 0 { return .slot(slot) }
@@ -38,9 +47,11 @@ public struct HTTP2StreamTable<Value> {
         return nil
     }
 
+    @inlinable
     public func contains(_ key: Int32) -> Bool { location(of: key) != nil }
 
     /// Changes the value of `key`, if present, in place.
+    @inlinable
     public mutating func update(_ key: Int32, at location: Location, _ change: (inout Value) -> Void) {
         switch location {
         case .slot(let slot):
@@ -57,6 +68,7 @@ public struct HTTP2StreamTable<Value> {
     }
 
     /// Inserts or replaces the value of `key` (ids are positive).
+    @inlinable
     public mutating func insert(_ value: Value, for key: Int32) {
         let slot = home(key)
         if keys[slot] == key {
@@ -64,30 +76,33 @@ public struct HTTP2StreamTable<Value> {
         } else if keys[slot] == 0 {
             keys[slot] = key
             values[slot] = value
-            count += 1
+            entries += 1
         } else if overflow.updateValue(value, forKey: key) == nil {
-            count += 1
+            entries += 1
         }
     }
 
+    @inlinable
     public mutating func removeValue(forKey key: Int32) -> Value? {
         let slot = home(key)
         if keys[slot] == key, key != 0 {
             keys[slot] = 0
-            count -= 1
+            entries -= 1
             return values[slot].take()
         }
         guard !overflow.isEmpty, let value = overflow.removeValue(forKey: key) else { return nil }
-        count -= 1
+        entries -= 1
         return value
     }
 
     /// Every stream id in the table, in increasing order.
+    @inlinable
     public var sortedKeys: [Int32] {
         (keys.filter { $0 != 0 } + overflow.keys).sorted()
     }
 
     /// Removes everything; returns the entries in increasing stream order.
+    @inlinable
     public mutating func removeAll() -> [(stream: Int32, value: Value)] {
         var all: [(stream: Int32, value: Value)] = []
         all.reserveCapacity(count)
@@ -97,11 +112,12 @@ public struct HTTP2StreamTable<Value> {
         }
         for (key, value) in overflow { all.append((key, value)) }
         overflow.removeAll()
-        count = 0
+        entries = 0
         return all.sorted { $0.stream < $1.stream }
     }
 
     /// Calls `body` for every entry (in no particular order).
+    @inlinable
     public func forEach(_ body: (Int32, Value) -> Void) {
         for slot in keys.indices where keys[slot] != 0 {
             if let value = values[slot] { body(keys[slot], value) }
