@@ -51,3 +51,27 @@ struct ChildUsage {
         return ChildUsage(cpuSeconds: (user + system) / ticks, residentKilobytes: kilobytes("VmRSS:"), peakResidentKilobytes: kilobytes("VmHWM:"))
     }
 }
+
+/// The whole machine's CPU time, from the first line of `/proc/stat`. On a virtual machine the
+/// hypervisor may run other guests on "our" cores; the share it took (steal) while a benchmark
+/// ran says how far that run's figures can be compared with others. Linux only; nil elsewhere.
+struct HostCPUTimes {
+    let totalTicks: UInt64
+    let stealTicks: UInt64
+
+    static func now() -> HostCPUTimes? {
+        guard let stat = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),
+            let line = stat.split(separator: "\n").first, line.hasPrefix("cpu ")
+        else { return nil }
+        // user nice system idle iowait irq softirq steal [guest guest_nice, already in user/nice]
+        let ticks = line.split(separator: " ").dropFirst().prefix(8).compactMap { UInt64($0) }
+        guard ticks.count == 8 else { return nil }
+        return HostCPUTimes(totalTicks: ticks.reduce(0, +), stealTicks: ticks[7])
+    }
+
+    /// The percentage of all CPU time since `earlier` that the hypervisor took.
+    func stealPercent(since earlier: HostCPUTimes) -> Double? {
+        guard totalTicks > earlier.totalTicks, stealTicks >= earlier.stealTicks else { return nil }
+        return Double(stealTicks - earlier.stealTicks) / Double(totalTicks - earlier.totalTicks) * 100
+    }
+}

@@ -76,6 +76,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
         var records: [BenchRecord] = []
         for index in 1...runs {
             let logPath = (logs as NSString).appendingPathComponent("send-\(index).log")
+            let hostAtStart = HostCPUTimes.now()
             let send = try SpawnedProcess(
                 name: "send",
                 arguments: ["send", "--host", "127.0.0.1", "--port", "\(port)", "--ca-file", path(summary.caFile),
@@ -103,6 +104,9 @@ struct ClientBenchCommand: AsyncParsableCommand {
             if let rttMs, rttMs > 0, let rate = record["notifications_per_second"]?.double {
                 let ideal = Double(min(concurrency, connections * 1000)) / (Double(rttMs) / 1000)
                 record.set("efficiency_percent", rate / ideal * 100, decimals: 1)
+            }
+            if let steal = hostAtStart.flatMap({ HostCPUTimes.now()?.stealPercent(since: $0) }) {
+                record.set("host_steal_percent", steal, decimals: 1)
             }
             output.emit(record)
             records.append(record)

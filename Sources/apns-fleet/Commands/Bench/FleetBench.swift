@@ -90,6 +90,7 @@ struct FleetBench {
 
             // Mark the end of warm-up, then the end of the run.
             let started = ContinuousClock.now
+            let hostAtStart = HostCPUTimes.now()
             var warm: (time: ContinuousClock.Instant, cpu: [Double], seen: Int, jobs: Int, latencies: Int, toAPNs: Int)?
             var expected = 0
             while true {
@@ -142,6 +143,9 @@ struct FleetBench {
             record.set("duplicates", snapshot.duplicates)
             if let rate = settings.rate { record.set("publish_rate", rate, decimals: 0) }
             if let latency = settings.apnsLatencyMs { record.set("apns_latency_ms", latency) }
+            if let steal = hostAtStart.flatMap({ HostCPUTimes.now()?.stealPercent(since: $0) }) {
+                record.set("host_steal_percent", steal, decimals: 1)
+            }
             return record
         }
     }

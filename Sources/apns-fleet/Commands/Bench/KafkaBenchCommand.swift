@@ -110,11 +110,15 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         let total = messages
 
         var started: (ContinuousClock.Instant, Double)?
+        var hostAtStart: HostCPUTimes?
         var consumed = 0
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await consumer.run() }
             for await batch in consumer.batches {
-                if started == nil { started = (.now, ProcessUsage.now().cpuSeconds) }
+                if started == nil {
+                    started = (.now, ProcessUsage.now().cpuSeconds)
+                    hostAtStart = HostCPUTimes.now()
+                }
                 for record in batch {
                     let receipt = record.receipt
                     let message = KafkaOutgoingMessage(topic: outputTopic, key: record.key, value: record.value, headers: record.headers)
@@ -134,6 +138,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         guard let (startTime, startCPU) = started else { throw ValidationError("nothing was consumed") }
         let wall = ContinuousClock.now - startTime
         let cpu = ProcessUsage.now().cpuSeconds - startCPU
+        let steal = hostAtStart.flatMap { HostCPUTimes.now()?.stealPercent(since: $0) }
         await producer.shutdown(flushTimeout: .seconds(30))
         withExtendedLifetime(cluster) {}
 
@@ -153,6 +158,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         json.field("cpu_us_per_message", cpu * 1e6 / Double(messages), decimals: 2)
         json.field("messages_per_cpu_second", Double(messages) / cpu, decimals: 0)
         json.field("failed", sink.failed.value)
+        if let steal { json.field("host_steal_percent", steal, decimals: 1) }
         json.endObject()
         print(String(decoding: json.bytes, as: UTF8.self))
     }
