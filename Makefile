@@ -7,7 +7,7 @@ SHELL := /bin/bash
 SWIFT ?= swift
 
 # Libraries the build links against, and the tools the tests drive the product with.
-BUILD_PACKAGES := librdkafka-dev libnghttp2-dev libssl-dev pkg-config
+BUILD_PACKAGES := librdkafka-dev libnghttp2-dev libjemalloc-dev libssl-dev pkg-config
 TEST_PACKAGES  := nghttp2-client kcat python3-aioapns python3-h2 python3-jsonschema python3-yaml
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

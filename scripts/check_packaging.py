@@ -599,7 +599,7 @@ class Checker:
             self.problem(path, "no stage builds on a Swift 6 image (FROM swift:6.x-...)")
         else:
             runs = " ".join(build[0]["runs"])
-            for package in ("librdkafka-dev", "libnghttp2-dev", "libssl-dev", "pkg-config"):
+            for package in ("librdkafka-dev", "libnghttp2-dev", "libjemalloc-dev", "libssl-dev", "pkg-config"):
                 if package not in runs:
                     self.problem(path, f"build stage '{build[0]['name']}' does not install {package}")
             if not re.search(r"swift build -c release --product apns-fleet\b.*--static-swift-stdlib", runs):
@@ -609,7 +609,7 @@ class Checker:
         if not re.match(r"debian:\S*slim", final["root_image"]):
             self.problem(path, f"the final stage '{final['name']}' is not based on a debian slim image ({final['root_image']})")
         runtime_runs = " ".join(r for s in stages.values() if s["root_image"] == final["root_image"] for r in s["runs"])
-        for package in ("librdkafka1", "libnghttp2-14", "ca-certificates"):
+        for package in ("librdkafka1", "libnghttp2-14", "libjemalloc2", "ca-certificates"):
             if package not in runtime_runs:
                 self.problem(path, f"the runtime stages do not install {package}")
         user = (final["user"] or "root").split(":")[0]

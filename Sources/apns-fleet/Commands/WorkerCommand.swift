@@ -73,6 +73,7 @@ struct WorkerCommand: AsyncParsableCommand {
         logger.info("worker starting", metadata: [
             "worker.id": "\(workerID)", "kafka.group": "\(fleet.kafka.groupID)",
             "apps": "\(fleet.apps.map(\.name).joined(separator: ","))", "worker.max-in-flight": "\(maxInFlight)",
+            "malloc": "\(MemoryAllocator.description)",
         ])
         // Shutdown runs in reverse order: the consumer stops first (ending the worker's input),
         // the worker finishes in-flight work, then the APNs connections close and the producer flushes.
