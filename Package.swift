@@ -74,6 +74,8 @@ let package = Package(
             pkgConfig: "jemalloc",
             providers: [.apt(["libjemalloc-dev"])]
         ),
+        // jemalloc's options for the executable (a C global it reads before main).
+        .target(name: "MallocSettings", path: "Sources/MallocSettings"),
 
         // MARK: - Pure core
 
@@ -214,6 +216,7 @@ let package = Package(
             name: "APNsFleetCLI",
             dependencies: [
                 "CJemalloc",
+                "MallocSettings",
                 "FleetWorker",
                 "FleetLoad",
                 "APNsLegacyClient",

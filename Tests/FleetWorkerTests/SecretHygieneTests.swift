@@ -111,6 +111,8 @@ struct SecretHygieneTests {
         await simulator.stop(gracePeriod: .zero)
         let log = worker.lines.value.joined(separator: "\n")
         #expect(Self.leaks(in: log, secrets: secrets).isEmpty, "secrets in the worker's log")
+        // The executable runs on jemalloc with its options (a build that lost either shows here).
+        #expect(log.contains("malloc=jemalloc 5.") && log.contains("dirty_decay_ms 1000"), "the worker's start-up line names its allocator")
         #expect(Self.leaks(in: metrics, secrets: secrets).isEmpty, "secrets in /metrics")
     }
 
