@@ -37,9 +37,10 @@ public final class PushWorker: Service, Sendable {
     private let intake: JobIntake
     private let policy: DeliveryPolicy
     private let limiter: InFlightLimiter
-    /// `apns-id`s for jobs that name none (the same one for every attempt of a notification):
-    /// seeded once from the system's random source, so ids differ between workers.
-    private let apnsIDs = Mutex(SplitMix64(seed: UInt64.random(in: .min ... .max)))
+    /// `apns-id`s for jobs that name none (the same one for every attempt of a notification) and
+    /// retry jitter: seeded once from the system's random source, so ids differ between workers,
+    /// rather than a `getrandom` call per notification.
+    private let random = Mutex(SplitMix64(seed: UInt64.random(in: .min ... .max)))
     private let pauses: PartitionPauses
     private let retryWaits = RetryWaits()
     private let logger: Logger
@@ -114,15 +115,15 @@ public final class PushWorker: Service, Sendable {
         try? await gracefulShutdown()
     }
 
-    /// How many notifications a record will become, for the in-flight bound. Estimated cheaply
-    /// from the raw bytes: a fan-out job counts by its tokens.
     private static let tokensMarker = Array(#""tokens""#.utf8)
 
+    /// How many notifications a record will become, for the in-flight bound. Estimated cheaply
+    /// from the raw bytes: a fan-out job counts by its tokens.
     static func weight(of record: KafkaRecord) -> Int {
         if record.headers.contains(where: { $0.key == JobDecoder.tokenHeader }) { return 1 }
         var quotes = 0
         var inTokens = false
-        let marker = tokensMarker
+        let marker = Self.tokensMarker
         var index = 0
         let bytes = record.value
         // Count strings inside the tokens array; stop at its closing bracket.
@@ -328,7 +329,7 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     private func makeNotification(token: DeviceToken, of job: JobInFlight) -> OutgoingNotification {
         // The same apns-id for every in-process attempt.
-        let apnsID = job.job.job.apnsID ?? apnsIDs.withLock { UUIDText.random(using: &$0) }
+        let apnsID = job.job.job.apnsID ?? random.withLock { UUIDText.random(using: &$0) }
         return OutgoingNotification(app: job.appName, token: token, job: job.job, apnsID: apnsID)
     }
 
@@ -356,7 +357,7 @@ public final class PushWorker: Service, Sendable {
         let attempt = progress.attempts
         let decision = policy.after(
             attempt: attempt, result: sent.attempt, now: now(),
-            deadline: resolved.job.deadline, expiration: resolved.job.expiration, jitter: Double.random(in: 0...1)
+            deadline: resolved.job.deadline, expiration: resolved.job.expiration, jitter: random.withLock { $0.nextUnit() }
         )
         switch decision {
         case .finish(let outcome, let status, let reason):

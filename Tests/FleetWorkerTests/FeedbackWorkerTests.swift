@@ -128,36 +128,23 @@ struct FeedbackWorkerTests {
     func jobsToTokenEvents() async throws {
         var logger = Logger(label: "feedback-e2e-test")
         logger.logLevel = .warning
-        let directory = NSTemporaryDirectory() + "apns-fleet-feedback-e2e-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let credentials = try DevCredentials.generate(topic: "com.example.app")
-        let summary = try credentials.write(to: directory)
-        func path(_ file: String) -> String { (directory as NSString).appendingPathComponent(file) }
         let dead = [Self.token(0xD1), Self.token(0xD2), Self.token(0xD3)]
         let alive = (0..<4).map { Self.token(UInt8(0x10 + $0)) }
-        var simulatorConfiguration = try credentials.simulatorConfiguration()
-        simulatorConfiguration.listeners.http2TLSPort = 0
-        simulatorConfiguration.behaviour.unregisteredTokens = Dictionary(uniqueKeysWithValues: dead.enumerated().map { ($1, 1_767_000_000_000 + Int64($0)) })
-        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
-        let port = try #require(simulator.port(.http2TLS))
-
-        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
-        let topics = TopicNames()
-        for topic in topics.all { try cluster.createTopic(topic, partitions: 3) }
-        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-        client.statisticsInterval = nil
+        let backends = try await InProcessBackends.start(
+            name: "feedback-e2e", jobPartitions: 3, otherPartitions: 3,
+            behaviour: { $0.unregisteredTokens = Dictionary(uniqueKeysWithValues: dead.enumerated().map { ($1, 1_767_000_000_000 + Int64($0)) }) },
+            logger: logger
+        )
+        let (simulator, topics, client, app) = (backends.simulator, backends.topics, backends.client, backends.app)
+        defer {
+            try? FileManager.default.removeItem(atPath: backends.directory)
+            withExtendedLifetime(backends.cluster) {}  // Kafka stays up until the test ends
+        }
         func consumer(_ group: String, _ topics: [String]) throws -> KafkaConsumer {
             var configuration = KafkaConsumerConfiguration(client: client, groupID: group, topics: topics)
             configuration.sessionTimeout = .seconds(6)
             return try KafkaConsumer(configuration: configuration, logger: logger)
         }
-        let app = AppConfiguration(
-            name: "example",
-            authentication: .token(keyFile: path(summary.signingKeyFile), keyID: summary.keyID, teamID: summary.teamID),
-            defaults: JobDefaults(topic: "com.example.app"),
-            endpoint: .custom(host: "127.0.0.1", port: port, caFile: path(summary.caFile)),
-            connections: 1
-        )
         let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
         let jobsConsumer = try consumer("push", [topics.jobs, topics.retry])

@@ -9,7 +9,7 @@ import Testing
 /// development credentials, librdkafka's mock cluster with the project's topics, and the app
 /// configuration that points at the simulator. The caller stops the simulator and removes
 /// `directory`.
-struct InProcessBackends {
+struct InProcessBackends: Sendable {
     let directory: String
     let simulator: APNsSimulator
     let cluster: MockKafkaCluster

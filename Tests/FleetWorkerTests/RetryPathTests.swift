@@ -210,10 +210,8 @@ final class InProcessFleet: Sendable {
         var offsetsAtEnd: Bool
     }
 
-    let directory: String
-    let simulator: APNsSimulator
-    let cluster: MockKafkaCluster
-    let topics = TopicNames()
+    let backends: InProcessBackends
+    var topics: TopicNames { backends.topics }
     let clients: APNsClients
     let consumer: KafkaConsumer
     let producer: KafkaProducer
@@ -229,12 +227,10 @@ final class InProcessFleet: Sendable {
     }
 
     private init(
-        directory: String, simulator: APNsSimulator, cluster: MockKafkaCluster, clients: APNsClients,
+        backends: InProcessBackends, clients: APNsClients,
         consumer: KafkaConsumer, producer: KafkaProducer, worker: PushWorker, reader: KafkaConsumer, logger: Logger
     ) {
-        self.directory = directory
-        self.simulator = simulator
-        self.cluster = cluster
+        self.backends = backends
         self.clients = clients
         self.consumer = consumer
         self.producer = producer
@@ -251,7 +247,7 @@ final class InProcessFleet: Sendable {
         let backends = try await InProcessBackends.start(
             name: "retry", jobPartitions: 4, otherPartitions: 2, behaviour: { $0 = behaviour }, logger: logger
         )
-        let (directory, simulator, cluster, topics, client, app) = (backends.directory, backends.simulator, backends.cluster, backends.topics, backends.client, backends.app)
+        let (topics, client, app) = (backends.topics, backends.client, backends.app)
         let fleet = FleetConfiguration(apps: [app], retry: retry)
         let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
@@ -270,7 +266,7 @@ final class InProcessFleet: Sendable {
         readerConfiguration.sessionTimeout = .seconds(6)
         let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
         return InProcessFleet(
-            directory: directory, simulator: simulator, cluster: cluster, clients: clients,
+            backends: backends, clients: clients,
             consumer: consumer, producer: producer, worker: worker, reader: reader, logger: logger
         )
     }
@@ -340,8 +336,8 @@ final class InProcessFleet: Sendable {
             await producer.shutdown(flushTimeout: .seconds(5))
             group.cancelAll()
         }
-        await simulator.stop()
-        try? FileManager.default.removeItem(atPath: directory)
+        await backends.simulator.stop()
+        try? FileManager.default.removeItem(atPath: backends.directory)
         return Outcome(results: results.items, retries: retries.items, deadLetters: deadLetters.items, offsetsAtEnd: offsetsAtEnd)
     }
 }

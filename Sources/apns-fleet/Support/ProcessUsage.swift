@@ -69,6 +69,13 @@ struct HostCPUTimes {
         return HostCPUTimes(totalTicks: ticks.reduce(0, +), stealTicks: ticks[7])
     }
 
+    /// The percentage of all CPU time from `start` until now that the hypervisor took; nil when
+    /// either reading is unavailable.
+    static func stealPercent(since start: HostCPUTimes?) -> Double? {
+        guard let start, let now = now() else { return nil }
+        return now.stealPercent(since: start)
+    }
+
     /// The percentage of all CPU time since `earlier` that the hypervisor took.
     func stealPercent(since earlier: HostCPUTimes) -> Double? {
         guard totalTicks > earlier.totalTicks, stealTicks >= earlier.stealTicks else { return nil }

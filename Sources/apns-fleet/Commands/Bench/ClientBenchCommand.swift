@@ -105,7 +105,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
                 let ideal = Double(min(concurrency, connections * 1000)) / (Double(rttMs) / 1000)
                 record.set("efficiency_percent", rate / ideal * 100, decimals: 1)
             }
-            if let steal = hostAtStart.flatMap({ HostCPUTimes.now()?.stealPercent(since: $0) }) {
+            if let steal = HostCPUTimes.stealPercent(since: hostAtStart) {
                 record.set("host_steal_percent", steal, decimals: 1)
             }
             output.emit(record)

@@ -143,7 +143,7 @@ struct FleetBench {
             record.set("duplicates", snapshot.duplicates)
             if let rate = settings.rate { record.set("publish_rate", rate, decimals: 0) }
             if let latency = settings.apnsLatencyMs { record.set("apns_latency_ms", latency) }
-            if let steal = hostAtStart.flatMap({ HostCPUTimes.now()?.stealPercent(since: $0) }) {
+            if let steal = HostCPUTimes.stealPercent(since: hostAtStart) {
                 record.set("host_steal_percent", steal, decimals: 1)
             }
             return record

@@ -138,7 +138,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         guard let (startTime, startCPU) = started else { throw ValidationError("nothing was consumed") }
         let wall = ContinuousClock.now - startTime
         let cpu = ProcessUsage.now().cpuSeconds - startCPU
-        let steal = hostAtStart.flatMap { HostCPUTimes.now()?.stealPercent(since: $0) }
+        let steal = HostCPUTimes.stealPercent(since: hostAtStart)
         await producer.shutdown(flushTimeout: .seconds(30))
         withExtendedLifetime(cluster) {}
 
