@@ -22,6 +22,10 @@ import Synchronization
 ///   suspends until one frees up or its deadline passes: back-pressure instead of a queue that grows.
 /// - Requests APNs certainly did not process (REFUSED_STREAM, above a GOAWAY's last stream)
 ///   are sent again on another connection, up to `unprocessedRetries` times, within the deadline.
+///
+/// Two ways to send: `send` suspends the calling task until the answer; `submit` returns at once
+/// and hands the outcome to an ``APNsOutcomeReceiver``, so that a caller with many requests in
+/// flight (the push worker, a benchmark) needs no task per request.
 public final class APNsClientPool: Service, Sendable {
     public let configuration: APNsClientConfiguration
     private let group: any EventLoopGroup
@@ -38,7 +42,11 @@ public final class APNsClientPool: Service, Sendable {
         case connectionFailed(String)
     }
 
-    private typealias Waiter = UnsafeContinuation<Lease, Never>
+    /// Someone waiting for a stream: a suspended `send`, or a submitted request.
+    private enum Waiter: Sendable {
+        case caller(UnsafeContinuation<Lease, Never>)
+        case submitted(SubmittedRequest)
+    }
 
     private struct State {
         var assignment = PoolAssignment<Waiter>()
@@ -93,15 +101,61 @@ public final class APNsClientPool: Service, Sendable {
                 return unanswered(.connectionFailed, detail)
             }
             let outcome = await connection.execute(notification, deadline: deadline)
-            if case .notAnswered(let why) = outcome, why.certainlyNotProcessed,
-               why.kind == .refusedStream || why.kind == .goAway || why.kind == .connectionFailed,
-               retries < configuration.unprocessedRetries, NIODeadline.now() < deadline {
+            if shouldSendAgain(outcome, retries: retries, deadline: deadline) {
                 retries += 1
-                metrics.unprocessedRetry(why.kind)
-                unprocessedRetryCount.add(1, ordering: .relaxed)
                 continue
             }
             return outcome
+        }
+    }
+
+    /// Whether a request APNs certainly did not process goes out again (and counts it if so).
+    private func shouldSendAgain(_ outcome: APNsOutcome, retries: Int, deadline: NIODeadline) -> Bool {
+        guard case .notAnswered(let why) = outcome, why.certainlyNotProcessed,
+            why.kind == .refusedStream || why.kind == .goAway || why.kind == .connectionFailed,
+            retries < configuration.unprocessedRetries, NIODeadline.now() < deadline
+        else { return false }
+        metrics.unprocessedRetry(why.kind)
+        unprocessedRetryCount.add(1, ordering: .relaxed)
+        return true
+    }
+
+    /// Sends one notification without suspending: the outcome goes to `receiver` (with `tag`),
+    /// exactly once, on an event loop, after this returns. Retries, deadline and back-pressure
+    /// are as for `send`, except that a request waiting for a stream waits in the pool's queue.
+    /// A caller bounds how many it submits (the queue holds whatever it is given).
+    public func submit(_ notification: APNsNotification, deadline: NIODeadline, to receiver: any APNsOutcomeReceiver, tag: Int = 0) {
+        submit(SubmittedRequest(notification: notification, deadline: deadline, receiver: receiver, tag: tag, retries: 0))
+    }
+
+    private func submit(_ request: SubmittedRequest) {
+        let immediate = state.withLock { state -> Lease? in
+            if let lease = Self.immediateLease(&state) { return lease }
+            if request.deadline <= .now() { return .timeout }
+            state.assignment.enqueue(.submitted(request), deadline: request.deadline.uptimeNanoseconds)
+            return nil
+        }
+        if let immediate { serve(.submitted(request), with: immediate) }
+    }
+
+    /// Gives a waiter what it waited for: a caller is resumed; a submitted request is written to
+    /// its connection, or told why it cannot be (on an event loop, never inside `submit`, so a
+    /// receiver that submits again from its callback does not recurse).
+    private func serve(_ waiter: Waiter, with lease: Lease) {
+        switch waiter {
+        case .caller(let continuation):
+            continuation.resume(returning: lease)
+        case .submitted(let request):
+            let outcome: APNsOutcome
+            switch lease {
+            case .connection(let connection):
+                connection.execute(request)
+                return
+            case .shutdown: outcome = unanswered(.shutdown, "the client is shutting down")
+            case .timeout: outcome = unanswered(.timeout, waitingTimeoutDetail())
+            case .connectionFailed(let detail): outcome = unanswered(.connectionFailed, detail)
+            }
+            group.any().execute { request.receiver.receive(outcome, tag: request.tag) }
         }
     }
 
@@ -131,14 +185,14 @@ public final class APNsClientPool: Service, Sendable {
         }
         if let immediate { return immediate }
         if deadline <= .now() { return .timeout }
-        return await withUnsafeContinuation { (continuation: Waiter) in
+        return await withUnsafeContinuation { (continuation: UnsafeContinuation<Lease, Never>) in
             state.withLock { state in
                 if let immediate = Self.immediateLease(&state) {
                     continuation.resume(returning: immediate)
                     return
                 }
                 // Given up by `expireWaiters`, at most `deadlineCheckInterval` after the deadline.
-                state.assignment.enqueue(continuation, deadline: deadline.uptimeNanoseconds)
+                state.assignment.enqueue(.caller(continuation), deadline: deadline.uptimeNanoseconds)
                 metrics.recordWaiting(state.assignment.waiterCount)
             }
         }
@@ -151,7 +205,7 @@ public final class APNsClientPool: Service, Sendable {
             try? await Task.sleep(for: configuration.deadlineCheckInterval)
             let now = NIODeadline.now().uptimeNanoseconds
             let expired = state.withLock { $0.assignment.expire(now: now) }
-            for waiter in expired { waiter.resume(returning: .timeout) }
+            for waiter in expired { serve(waiter, with: .timeout) }
         }
     }
 
@@ -169,9 +223,9 @@ public final class APNsClientPool: Service, Sendable {
     }
 
     /// Hands freed streams to waiters (outside the lock).
-    private static func resume(_ served: [(connection: UInt64, waiter: Waiter)], _ connections: [UInt64: APNsConnection]) {
+    private func resume(_ served: [(connection: UInt64, waiter: Waiter)], _ connections: [UInt64: APNsConnection]) {
         for (id, waiter) in served {
-            waiter.resume(returning: connections[id].map { .connection($0) } ?? .connectionFailed("the connection closed"))
+            serve(waiter, with: connections[id].map { .connection($0) } ?? .connectionFailed("the connection closed"))
         }
     }
 
@@ -256,7 +310,7 @@ public final class APNsClientPool: Service, Sendable {
             state.shutdownWaiters.removeAll()
             return (waiters, shutdownWaiters)
         }
-        for waiter in waiters { waiter.resume(returning: .shutdown) }
+        for waiter in waiters { serve(waiter, with: .shutdown) }
         for waiter in shutdownWaiters { waiter.resume() }
     }
 
@@ -316,7 +370,7 @@ public final class APNsClientPool: Service, Sendable {
                 } else {
                     logger.debug("Still cannot connect to APNs", metadata: ["apns.error": "\(failure.message)", "apns.slot": "\(slot)"])
                 }
-                for waiter in waiters { waiter.resume(returning: .connectionFailed(failure.message)) }
+                for waiter in waiters { serve(waiter, with: .connectionFailed(failure.message)) }
             }
             if isShuttingDown { break }
             let delay = backoff.nextDelay(jitter: Double.random(in: 0...1))
@@ -359,7 +413,7 @@ extension APNsClientPool: APNsConnectionEvents {
             publishGauges(state)
             return (served, state.connections)
         }
-        Self.resume(served, connections)
+        resume(served, connections)
     }
 
     func connection(_ connection: APNsConnection, didChangeMaxConcurrentStreams value: UInt32) {
@@ -369,7 +423,7 @@ extension APNsClientPool: APNsConnectionEvents {
             return (served, state.connections)
         }
         logger.debug("Stream limit changed", metadata: ["apns.connection": "\(connection.id)", "apns.max_concurrent_streams": "\(value)"])
-        Self.resume(served, connections)
+        resume(served, connections)
     }
 
     func connection(_ connection: APNsConnection, didFinishStreams count: Int, tokenAccepted: Bool) {
@@ -383,7 +437,15 @@ extension APNsClientPool: APNsConnectionEvents {
             if served.isEmpty { return [] }
             return served.map { ($0.connection, $0.waiter, state.connections[$0.connection]) }
         }
-        for (_, waiter, target) in served { waiter.resume(returning: target.map { .connection($0) } ?? .connectionFailed("the connection closed")) }
+        for (_, waiter, target) in served { serve(waiter, with: target.map { .connection($0) } ?? .connectionFailed("the connection closed")) }
+    }
+
+    func connection(_ connection: APNsConnection, didFinish request: SubmittedRequest, with outcome: APNsOutcome) {
+        if shouldSendAgain(outcome, retries: request.retries, deadline: request.deadline) {
+            submit(request.sentAgain())
+        } else {
+            request.receiver.receive(outcome, tag: request.tag)
+        }
     }
 
     func connection(_ connection: APNsConnection, didRejectProviderToken reason: APNsReason) {
@@ -422,5 +484,34 @@ extension APNsClientPool: APNsConnectionEvents {
             state.tokenRejections.connectionGone(connection.id)
             publishGauges(state)
         }
+    }
+}
+
+/// Receives the outcomes of requests given to ``APNsClientPool/submit(_:deadline:to:tag:)``.
+public protocol APNsOutcomeReceiver: AnyObject, Sendable {
+    /// Called exactly once per submitted request, on an event loop: return quickly and never
+    /// block (other connections' answers wait behind it). May submit more requests.
+    func receive(_ outcome: APNsOutcome, tag: Int)
+}
+
+/// A submitted request: what sending it again needs, and where its outcome goes.
+final class SubmittedRequest: Sendable {
+    let notification: APNsNotification
+    let deadline: NIODeadline
+    let receiver: any APNsOutcomeReceiver
+    let tag: Int
+    /// Times it was sent again because APNs certainly did not process it.
+    let retries: Int
+
+    init(notification: APNsNotification, deadline: NIODeadline, receiver: any APNsOutcomeReceiver, tag: Int, retries: Int) {
+        self.notification = notification
+        self.deadline = deadline
+        self.receiver = receiver
+        self.tag = tag
+        self.retries = retries
+    }
+
+    func sentAgain() -> SubmittedRequest {
+        SubmittedRequest(notification: notification, deadline: deadline, receiver: receiver, tag: tag, retries: retries + 1)
     }
 }

@@ -26,6 +26,7 @@ public final class APNsClients: Service, Sendable {
     }
 
     public let pools: [Key: APNsClientPool]
+    private let eventLoopGroup: any EventLoopGroup
 
     /// Pools from ready-made configurations; the key is the configuration's name and endpoint.
     public init(
@@ -40,6 +41,7 @@ public final class APNsClients: Service, Sendable {
             pools[key] = try APNsClientPool(configuration: configuration, eventLoopGroup: eventLoopGroup, logger: logger)
         }
         self.pools = pools
+        self.eventLoopGroup = eventLoopGroup
     }
 
     /// Pools for every app in `apps`, for each of `environments` (a custom endpoint gets one pool).
@@ -82,6 +84,16 @@ public final class APNsClients: Service, Sendable {
             return .notAnswered(APNsNotAnswered(.connectionFailed, "no APNs client for app '\(app)' (\(environment.rawValue))", certainlyNotProcessed: true))
         }
         return await pool.send(notification, deadline: deadline)
+    }
+
+    /// `submit` through the right pool (see ``APNsClientPool/submit(_:deadline:to:tag:)``).
+    public func submit(_ notification: APNsNotification, app: String, environment: APNsEnvironment, deadline: NIODeadline, to receiver: any APNsOutcomeReceiver, tag: Int = 0) {
+        guard let pool = pool(app: app, environment: environment) else {
+            let outcome = APNsOutcome.notAnswered(APNsNotAnswered(.connectionFailed, "no APNs client for app '\(app)' (\(environment.rawValue))", certainlyNotProcessed: true))
+            eventLoopGroup.any().execute { receiver.receive(outcome, tag: tag) }
+            return
+        }
+        pool.submit(notification, deadline: deadline, to: receiver, tag: tag)
     }
 
     public func run() async throws {

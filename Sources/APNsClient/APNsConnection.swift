@@ -15,6 +15,8 @@ protocol APNsConnectionEvents: AnyObject, Sendable {
     /// `count` streams ended (answered, refused, timed out or failed); `tokenAccepted` when an
     /// answer among them proved the token valid. Called once per batch of answers.
     func connection(_ connection: APNsConnection, didFinishStreams count: Int, tokenAccepted: Bool)
+    /// A submitted request ended, after `didFinishStreams` gave its stream back.
+    func connection(_ connection: APNsConnection, didFinish request: SubmittedRequest, with outcome: APNsOutcome)
     func connection(_ connection: APNsConnection, didRejectProviderToken reason: APNsReason)
     /// GOAWAY arrived, the connection was retired, or it closed: no new work.
     func connectionBecameUnusable(_ connection: APNsConnection)
@@ -35,12 +37,20 @@ func withOutcomeContinuation(_ body: (OutcomeContinuation) -> Void) async -> APN
 }
 #endif
 
+/// Where a request's outcome goes: a caller suspended in `APNsClientPool.send`, or the pool,
+/// for a request given to `APNsClientPool.submit` (which retries it or hands the outcome to its
+/// receiver).
+enum APNsCompletion: Sendable {
+    case caller(OutcomeContinuation)
+    case submitted(SubmittedRequest)
+}
+
 /// One request travelling through a connection.
 struct APNsRequest: Sendable {
     let notification: APNsNotification
     let deadline: NIODeadline
     let start: NIODeadline
-    let continuation: OutcomeContinuation
+    let completion: APNsCompletion
 }
 
 /// One long-lived HTTP/2 connection to APNs: NIO socket, NIOSSL (TLS 1.2+, ALPN h2, verified
@@ -89,8 +99,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var spareBatch: [APNsRequest] = []
     /// Outcomes decided during a read burst (or another event-loop task), delivered together:
     /// the pool hears once per batch, then every caller is resumed.
-    @exclusivity(unchecked) private var completions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
-    @exclusivity(unchecked) private var spareCompletions: [(continuation: OutcomeContinuation, outcome: APNsOutcome)] = []
+    @exclusivity(unchecked) private var completions: [(completion: APNsCompletion, outcome: APNsOutcome)] = []
+    @exclusivity(unchecked) private var spareCompletions: [(completion: APNsCompletion, outcome: APNsOutcome)] = []
     @exclusivity(unchecked) private var completionsAcceptedToken = false
     @exclusivity(unchecked) private var completionFlushScheduled = false
     /// Set by frames received since the last flush; `lastRead` is updated once per burst.
@@ -108,7 +118,7 @@ final class APNsConnection: @unchecked Sendable {
 
     /// What a stream needs until its answer (the notification itself is not kept).
     private struct InFlight {
-        var continuation: OutcomeContinuation
+        var completion: APNsCompletion
         var deadline: NIODeadline
         var start: NIODeadline
         /// The request's apns-id: an answer echoing it reuses the String instead of decoding one.
@@ -119,7 +129,7 @@ final class APNsConnection: @unchecked Sendable {
         var body: ByteBuffer?
 
         init(_ request: APNsRequest) {
-            continuation = request.continuation
+            completion = request.completion
             deadline = request.deadline
             start = request.start
             requestedAPNsID = request.notification.apnsID
@@ -222,16 +232,24 @@ final class APNsConnection: @unchecked Sendable {
     /// Sends one request; the pool has already taken a stream of this connection's budget.
     func execute(_ notification: APNsNotification, deadline: NIODeadline) async -> APNsOutcome {
         await withOutcomeContinuation { continuation in
-            let request = APNsRequest(notification: notification, deadline: deadline, start: .now(), continuation: continuation)
-            let schedule = pending.withLock { pending -> Bool in
-                pending.requests.append(request)
-                if pending.drainScheduled { return false }
-                pending.drainScheduled = true
-                return true
-            }
-            if schedule {
-                eventLoop.execute { self.drainPending() }
-            }
+            enqueue(APNsRequest(notification: notification, deadline: deadline, start: .now(), completion: .caller(continuation)))
+        }
+    }
+
+    /// Sends a submitted request; its stream is taken, and its outcome goes back to the pool.
+    func execute(_ request: SubmittedRequest) {
+        enqueue(APNsRequest(notification: request.notification, deadline: request.deadline, start: .now(), completion: .submitted(request)))
+    }
+
+    private func enqueue(_ request: APNsRequest) {
+        let schedule = pending.withLock { pending -> Bool in
+            pending.requests.append(request)
+            if pending.drainScheduled { return false }
+            pending.drainScheduled = true
+            return true
+        }
+        if schedule {
+            eventLoop.execute { self.drainPending() }
         }
     }
 
@@ -258,15 +276,15 @@ final class APNsConnection: @unchecked Sendable {
 
     private func submit(_ request: APNsRequest, now: NIODeadline) {
         guard let session, !closed else {
-            finish(request.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
+            finish(request.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
             return
         }
         if unusable {
-            finish(request.continuation, .notAnswered(APNsNotAnswered(.goAway, "the connection was going away before the request was written", certainlyNotProcessed: true)))
+            finish(request.completion, .notAnswered(APNsNotAnswered(.goAway, "the connection was going away before the request was written", certainlyNotProcessed: true)))
             return
         }
         if request.deadline <= now {
-            finish(request.continuation, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
+            finish(request.completion, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
             return
         }
         let notification = request.notification
@@ -277,7 +295,7 @@ final class APNsConnection: @unchecked Sendable {
         requestHeaders.append(":authority", authority)
         if case .token(let signer) = configuration.authentication {
             guard let authorization = currentAuthorization(signer) else {
-                finish(request.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
+                finish(request.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
                 return
             }
             requestHeaders.append("authorization", authorization, neverIndex: true)
@@ -301,7 +319,7 @@ final class APNsConnection: @unchecked Sendable {
             streams.insert(InFlight(request), for: stream)
             headerStream = 0
         } catch {
-            finish(request.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
+            finish(request.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
         }
     }
 
@@ -329,8 +347,8 @@ final class APNsConnection: @unchecked Sendable {
 
     /// Decides a request's outcome; the caller is resumed, and the stream given back to the
     /// pool, by the next `flushCompletions` (at the end of this burst or event-loop task).
-    private func finish(_ continuation: OutcomeContinuation, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
-        completions.append((continuation, outcome))
+    private func finish(_ completion: APNsCompletion, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
+        completions.append((completion, outcome))
         if tokenAccepted { completionsAcceptedToken = true }
         if !completionFlushScheduled {
             // A safety net: every path that finishes requests also flushes, usually sooner.
@@ -354,8 +372,11 @@ final class APNsConnection: @unchecked Sendable {
         completionsAcceptedToken = false
         events.connection(self, didFinishStreams: batch.count, tokenAccepted: tokenAccepted)
         metrics.record(batch.lazy.map(\.outcome))
-        for completion in batch {
-            completion.continuation.resume(returning: completion.outcome)
+        for (completion, outcome) in batch {
+            switch completion {
+            case .caller(let continuation): continuation.resume(returning: outcome)
+            case .submitted(let request): events.connection(self, didFinish: request, with: outcome)
+            }
         }
         batch.removeAll(keepingCapacity: true)
         spareCompletions = batch
@@ -441,7 +462,7 @@ final class APNsConnection: @unchecked Sendable {
         if let reason, reason.known?.refreshesProviderToken == true, configuration.authentication.isToken {
             events.connection(self, didRejectProviderToken: reason)
         }
-        finish(inFlight.continuation, .answered(response), tokenAccepted: tokenAccepted)
+        finish(inFlight.completion, .answered(response), tokenAccepted: tokenAccepted)
         closeIfDrained()
     }
 
@@ -466,7 +487,7 @@ final class APNsConnection: @unchecked Sendable {
         } else {
             outcome = APNsNotAnswered(.connectionFailed, "stream \(stream) closed without an answer (\(errorCode))", certainlyNotProcessed: false)
         }
-        finish(inFlight.continuation, .notAnswered(outcome))
+        finish(inFlight.completion, .notAnswered(outcome))
         closeIfDrained()
     }
 
@@ -488,7 +509,7 @@ final class APNsConnection: @unchecked Sendable {
         headerStream = 0
         for stream in streams.sortedKeys where stream > goAway.lastStreamID {
             if let inFlight = streams.removeValue(forKey: stream) {
-                finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
+                finish(inFlight.completion, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
             }
         }
         closeIfDrained()
@@ -569,7 +590,7 @@ final class APNsConnection: @unchecked Sendable {
         let lost = streams.removeAll()
         for (stream, inFlight) in lost {
             let certain = goAwayLastStreamID.map { stream > $0 } ?? false
-            finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
+            finish(inFlight.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
         }
         // Breaks the connection <-> session cycle.
         session?.delegate = nil
@@ -611,14 +632,14 @@ final class APNsConnection: @unchecked Sendable {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
-                finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
+                finish(inFlight.completion, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
             }
         }
         if let drainDeadline, now >= drainDeadline, !streams.isEmpty {
             headerStream = 0
             for (stream, inFlight) in streams.removeAll() {
                 try? session.submitResetStream(stream, errorCode: .cancel)
-                finish(inFlight.continuation, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
+                finish(inFlight.completion, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
             }
             wrote = true
         }

@@ -150,36 +150,11 @@ struct SendCommand: AsyncParsableCommand {
             }
             // Warm-up: the same load, not measured (connections settle, buffers and caches fill).
             if warmup > 0 {
-                let warmupNext = Counter()
-                let warmupTotal = warmup
-                await withTaskGroup(of: Void.self) { workers in
-                    for _ in 0..<min(concurrency, warmupTotal) {
-                        workers.addTask {
-                            while warmupNext.take(below: warmupTotal) != nil { _ = await pool.send(notification, timeout: timeout) }
-                        }
-                    }
-                }
+                _ = await LoadRun(pool: pool, notification: notification, timeout: timeout, total: warmup, printEach: false).run(concurrency: concurrency)
             }
             let startUsage = ProcessUsage.now()
             let start = ContinuousClock.now
-            // Workers pull indexes from a shared counter, so at most `concurrency` are in flight.
-            let next = Counter()
-            let results = await withTaskGroup(of: [Sample].self) { workers -> [Sample] in
-                for _ in 0..<min(concurrency, total) {
-                    workers.addTask {
-                        var samples: [Sample] = []
-                        while let index = next.take(below: total) {
-                            let outcome = await pool.send(notification, timeout: timeout)
-                            samples.append(Sample(outcome: outcome))
-                            if !quiet { print(Self.line(index: index, total: total, outcome: outcome)) }
-                        }
-                        return samples
-                    }
-                }
-                var all: [Sample] = []
-                for await samples in workers { all += samples }
-                return all
-            }
+            let results = await LoadRun(pool: pool, notification: notification, timeout: timeout, total: total, printEach: !quiet).run(concurrency: concurrency)
             let elapsed = ContinuousClock.now - start
             let usage = ProcessUsage.now()
             return Summary(samples: results, elapsed: elapsed, cpu: usage.cpuSeconds - startUsage.cpuSeconds, peakRSSKilobytes: usage.peakRSSKilobytes, configurationError: pool.configurationError)
@@ -252,12 +227,62 @@ struct SendCommand: AsyncParsableCommand {
     }
 }
 
-/// Hands out indexes 0..<n to concurrent workers.
-private final class Counter: Sendable {
-    private let value = Atomic<Int>(0)
-    func take(below limit: Int) -> Int? {
-        let index = value.add(1, ordering: .relaxed).oldValue
-        return index < limit ? index : nil
+/// Sends `total` notifications with at most `concurrency` in flight, through the pool's
+/// `submit`: each outcome records its sample and submits the next request, so no task waits per
+/// request (the way the push worker drives the client).
+private final class LoadRun: APNsOutcomeReceiver {
+    private struct State {
+        var submitted = 0
+        var samples: [Sample] = []
+        var finished: CheckedContinuation<[Sample], Never>?
+    }
+
+    private let pool: APNsClientPool
+    private let notification: APNsNotification
+    private let timeout: TimeAmount
+    private let total: Int
+    private let printEach: Bool
+    private let state = Mutex(State())
+
+    init(pool: APNsClientPool, notification: APNsNotification, timeout: Duration, total: Int, printEach: Bool) {
+        self.pool = pool
+        self.notification = notification
+        self.timeout = .nanoseconds(Int64(timeout.components.seconds) * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
+        self.total = total
+        self.printEach = printEach
+    }
+
+    func run(concurrency: Int) async -> [Sample] {
+        await withCheckedContinuation { continuation in
+            let first = state.withLock { state -> Int in
+                state.finished = continuation
+                state.samples.reserveCapacity(total)
+                state.submitted = min(concurrency, total)
+                return state.submitted
+            }
+            for index in 0..<first { submit(index) }
+        }
+    }
+
+    private func submit(_ index: Int) {
+        pool.submit(notification, deadline: .now() + timeout, to: self, tag: index)
+    }
+
+    func receive(_ outcome: APNsOutcome, tag: Int) {
+        if printEach { print(SendCommand.line(index: tag, total: total, outcome: outcome)) }
+        let sample = Sample(outcome: outcome)
+        let (next, done) = state.withLock { state -> (Int?, (CheckedContinuation<[Sample], Never>, [Sample])?) in
+            state.samples.append(sample)
+            if state.samples.count == total, let finished = state.finished {
+                state.finished = nil
+                return (nil, (finished, state.samples))
+            }
+            guard state.submitted < total else { return (nil, nil) }
+            state.submitted += 1
+            return (state.submitted - 1, nil)
+        }
+        if let next { submit(next) }
+        if let (continuation, samples) = done { continuation.resume(returning: samples) }
     }
 }
 
