@@ -14,18 +14,23 @@ public struct APNsClientSender: NotificationSender {
     }
 
     public func send(_ notification: OutgoingNotification) async -> SendResult {
-        let started = ContinuousClock.now
-        let deadline = NIODeadline.now() + .nanoseconds(Int64(requestTimeout.components.seconds) * 1_000_000_000 + requestTimeout.components.attoseconds / 1_000_000_000)
-        let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: deadline)
-        let elapsed = ContinuousClock.now - started
-        let latencyMs = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
-        let response = outcome.response
-        return SendResult(
-            attempt: outcome.attemptResult,
-            apnsID: response?.apnsID,
-            apnsUniqueID: response?.apnsUniqueID,
-            unregisteredAt: response?.timestamp,
-            latencyMs: latencyMs
-        )
+        let started = NIODeadline.now()
+        let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: started + timeout)
+        return SendResult(outcome, latencyMs: Self.milliseconds(since: started))
+    }
+
+    public func canSubmit(app: String) -> Bool { true }
+
+    public func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver) {
+        clients.submit(notification.request, app: notification.app, environment: notification.environment, deadline: .now() + timeout, to: receiver)
+    }
+
+    private var timeout: TimeAmount {
+        .nanoseconds(Int64(requestTimeout.components.seconds) * 1_000_000_000 + requestTimeout.components.attoseconds / 1_000_000_000)
+    }
+
+    /// Milliseconds from `start` to now, on the monotonic clock.
+    static func milliseconds(since start: NIODeadline) -> Double {
+        Double(NIODeadline.now().uptimeNanoseconds &- start.uptimeNanoseconds) / 1e6
     }
 }

@@ -16,6 +16,7 @@ final class InFlightLimiter: Sendable {
         var available: Int
         var gate: WatermarkGate
         var waiters: Deque<(count: Int, continuation: CheckedContinuation<Void, Never>)> = []
+        var idleWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
     let capacity: Int
@@ -56,10 +57,27 @@ final class InFlightLimiter: Sendable {
                 ready.append(first.continuation)
                 state.waiters.removeFirst()
             }
+            if state.available == capacity, !state.idleWaiters.isEmpty {
+                ready += state.idleWaiters
+                state.idleWaiters.removeAll()
+            }
             changed(&state)
             return ready
         }
         for continuation in ready { continuation.resume() }
+    }
+
+    /// Returns once nothing is in flight: work that finishes by callback rather than in a task
+    /// is waited for this way.
+    func waitUntilIdle() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let idle = state.withLock { state -> Bool in
+                if state.available == capacity { return true }
+                state.idleWaiters.append(continuation)
+                return false
+            }
+            if idle { continuation.resume() }
+        }
     }
 
     var inUse: Int { state.withLock { capacity - $0.available } }

@@ -42,10 +42,40 @@ public struct SendResult: Sendable, Hashable {
         self.unregisteredAt = unregisteredAt
         self.latencyMs = latencyMs
     }
+
+    /// What the HTTP/2 client's outcome says, taking `latencyMs` from the caller's clock.
+    public init(_ outcome: APNsOutcome, latencyMs: Double) {
+        let response = outcome.response
+        self.init(
+            attempt: outcome.attemptResult,
+            apnsID: response?.apnsID,
+            apnsUniqueID: response?.apnsUniqueID,
+            unregisteredAt: response?.timestamp,
+            latencyMs: latencyMs
+        )
+    }
 }
 
 /// The transport the push worker sends through: the HTTP/2 client pool, or the legacy binary
 /// interface for apps configured with `protocol: binary`.
 public protocol NotificationSender: Sendable {
     func send(_ notification: OutgoingNotification) async -> SendResult
+
+    /// Whether `submit` can send `app`'s notifications (without a task waiting for each).
+    func canSubmit(app: String) -> Bool
+
+    /// Sends without suspending: `receiver` gets the outcome once, on an event loop. Only for
+    /// apps where `canSubmit` is true.
+    func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver)
+}
+
+extension NotificationSender {
+    public func canSubmit(app: String) -> Bool { false }
+
+    /// A transport without `submit` answers at once that nothing was sent (callers check
+    /// `canSubmit` first, so this is a caller's mistake made visible rather than a crash).
+    public func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver) {
+        let why = APNsNotAnswered(.connectionFailed, "\(Self.self) cannot submit; it sends only with send(_:)", certainlyNotProcessed: true)
+        receiver.receive(.notAnswered(why), tag: 0)
+    }
 }

@@ -8,7 +8,10 @@ import Synchronization
 
 /// The push worker's pipeline: jobs from Kafka → APNs → one result per notification.
 ///
-/// Each consumed record is processed in its own child task, bounded by the in-flight limiter.
+/// A one-token job for an HTTP/2 app (most jobs) is a ``DirectDelivery``: sent with the client's
+/// `submit`, its result published from the client's callback, the record finished from the
+/// producer's. No task waits for it. Any other record — fan-out, rejected, for a binary app —
+/// is processed in a child task. Both are bounded by the in-flight limiter.
 /// A record is marked finished — which lets the consumer store its offset once every earlier
 /// record of its partition is finished too — only after all of its results (and its DLQ or
 /// retry record) have been acknowledged by the Kafka producer. That is the at-least-once rule.
@@ -31,19 +34,19 @@ public final class PushWorker: Service, Sendable {
     }
 
     private let configuration: Configuration
-    private let consumer: KafkaConsumer
-    private let publisher: ReliablePublisher
-    private let sender: any NotificationSender
+    let consumer: KafkaConsumer
+    let publisher: ReliablePublisher
+    let sender: any NotificationSender
     private let intake: JobIntake
     private let policy: DeliveryPolicy
-    private let limiter: InFlightLimiter
+    let limiter: InFlightLimiter
     /// `apns-id`s for jobs that name none (the same one for every attempt of a notification) and
     /// retry jitter: seeded once from the system's random source, so ids differ between workers,
     /// rather than a `getrandom` call per notification.
     private let random = Mutex(SplitMix64(seed: UInt64.random(in: .min ... .max)))
     private let pauses: PartitionPauses
     private let retryWaits = RetryWaits()
-    private let logger: Logger
+    let logger: Logger
     private let now: @Sendable () -> UnixMillis
     private let outcomeCounters = OutcomeCounters()
 
@@ -100,8 +103,13 @@ public final class PushWorker: Service, Sendable {
                     }
                     let weight = Self.weight(of: record)
                     await limiter.acquire(weight)
+                    let admission = admit(record)
+                    if case .accepted(let job) = admission, job.tokens.count == 1, sender.canSubmit(app: job.appName) {
+                        DirectDelivery(worker: self, job: job, record: record, weight: weight).start()
+                        continue
+                    }
                     group.addTask {
-                        await self.process(record)
+                        await self.complete(admission, record: record)
                         self.limiter.release(weight)
                     }
                 }
@@ -109,6 +117,8 @@ public final class PushWorker: Service, Sendable {
             // The batch sequence ends when the consumer stops; the group then waits for the
             // work in flight, which the consumer's drain timeout bounds.
         }
+        // Direct deliveries are not tasks of the group: they end when the limiter is empty.
+        await limiter.waitUntilIdle()
         // Stay up until asked to stop, so the service group shuts down in its order (consumer,
         // then this, then the APNs pools and the producer) instead of taking an early return for
         // a failure.
@@ -184,7 +194,12 @@ public final class PushWorker: Service, Sendable {
     // MARK: - One record
 
     func process(_ record: KafkaRecord) async {
-        switch admit(record) {
+        await complete(admit(record), record: record)
+    }
+
+    /// Sends an admitted record's notifications (or publishes its rejection), then finishes it.
+    private func complete(_ admission: Admission, record: KafkaRecord) async {
+        switch admission {
         case .rejected(let messages):
             guard await publish(messages) else { return }
         case .accepted(let job):
@@ -193,7 +208,7 @@ public final class PushWorker: Service, Sendable {
         consumer.markFinished(record)
     }
 
-    private enum Admission {
+    private enum Admission: Sendable {
         /// Unusable: its results and DLQ copy.
         case rejected([KafkaOutgoingMessage])
         case accepted(JobInFlight)
@@ -259,7 +274,7 @@ public final class PushWorker: Service, Sendable {
     /// The result messages of a job's finished tokens, plus one retry record for the tokens that
     /// retry later.
     @inline(never)
-    private func outcomeMessages(_ outcomes: [TokenOutcome], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
+    func outcomeMessages(_ outcomes: [TokenOutcome], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         var messages: [KafkaOutgoingMessage] = []
         var results: [NotificationResult] = []
         var retryTokens: [DeviceToken] = []
@@ -291,7 +306,7 @@ public final class PushWorker: Service, Sendable {
     }
 
     /// Indirect: a result is a few hundred bytes, and outcomes sit in async frames.
-    private indirect enum TokenOutcome: Sendable {
+    indirect enum TokenOutcome: Sendable {
         case finished(NotificationResult)
         case later(DeviceToken, RetryHeaders)
     }
@@ -315,19 +330,19 @@ public final class PushWorker: Service, Sendable {
     }
 
     /// What one notification's attempts have come to so far.
-    private struct SendProgress {
+    struct SendProgress {
         var attempts: Int
         var totalLatency = 0.0
         var last: SendResult?
     }
 
-    private enum NextStep {
+    enum NextStep {
         case done(TokenOutcome)
         case retryInProcess(milliseconds: Int64)
     }
 
     @inline(never)
-    private func makeNotification(token: DeviceToken, of job: JobInFlight) -> OutgoingNotification {
+    func makeNotification(token: DeviceToken, of job: JobInFlight) -> OutgoingNotification {
         // The same apns-id for every in-process attempt.
         let apnsID = job.job.job.apnsID ?? random.withLock { UUIDText.random(using: &$0) }
         return OutgoingNotification(app: job.appName, token: token, job: job.job, apnsID: apnsID)
@@ -335,7 +350,7 @@ public final class PushWorker: Service, Sendable {
 
     /// The outcome when the job's deadline or expiration has already passed; nil to send.
     @inline(never)
-    private func finishedBeforeSending(_ job: JobInFlight, token: DeviceToken, progress: SendProgress) -> TokenOutcome? {
+    func finishedBeforeSending(_ job: JobInFlight, token: DeviceToken, progress: SendProgress) -> TokenOutcome? {
         let resolved = job.job
         guard case .finish(let outcome, let status, let reason)? = policy.beforeSending(
             now: now(), deadline: resolved.job.deadline, expiration: resolved.job.expiration
@@ -350,7 +365,7 @@ public final class PushWorker: Service, Sendable {
     /// What to do after an attempt: finish with a result, retry later through the retry topic,
     /// or wait and retry in process.
     @inline(never)
-    private func afterSending(_ sent: SendResult, job: JobInFlight, token: DeviceToken, progress: inout SendProgress) -> NextStep {
+    func afterSending(_ sent: SendResult, job: JobInFlight, token: DeviceToken, progress: inout SendProgress) -> NextStep {
         progress.last = sent
         progress.totalLatency += sent.latencyMs
         let resolved = job.job
@@ -464,7 +479,7 @@ final class OutcomeCounters: Sendable {
 }
 
 /// An accepted job shared by reference between the sends of its tokens (see `deliver`).
-private final class JobInFlight: Sendable {
+final class JobInFlight: Sendable {
     let accepted: AcceptedJob
 
     init(_ accepted: AcceptedJob) { self.accepted = accepted }

@@ -1,3 +1,4 @@
+import APNsClient
 import APNsCore
 
 /// Sends each notification through its app's transport: the legacy binary sender for apps
@@ -19,5 +20,17 @@ public struct RoutingSender: NotificationSender {
             return await binary.send(notification)
         }
         return await other.send(notification)
+    }
+
+    public func canSubmit(app: String) -> Bool {
+        binaryApps.contains(app) ? binary.canSubmit(app: app) : other.canSubmit(app: app)
+    }
+
+    public func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver) {
+        if binaryApps.contains(notification.app) {
+            binary.submit(notification, to: receiver)
+        } else {
+            other.submit(notification, to: receiver)
+        }
     }
 }

@@ -1,0 +1,108 @@
+import APNsClient
+import APNsCore
+import KafkaTransport
+import Logging
+import NIOCore
+import Synchronization
+
+/// One job with one token, delivered without a task of its own: the APNs client calls back
+/// with the answer, the result is published from there, and the producer's acknowledgement
+/// finishes the record and gives its in-flight slot back.
+///
+/// Tasks, continuations and executor hops per notification were a large share of the worker's
+/// CPU; most jobs have one token and are answered on the first attempt, so they take this
+/// path. The rare steps that must wait (an in-process retry's delay, publishing again after
+/// Kafka refused) continue in a task.
+///
+/// Each step runs after the previous one handed over through a lock or a queue (the client's
+/// pending requests, librdkafka's delivery reports), never two at once; so the mutable
+/// `progress` needs no lock of its own.
+final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
+    private let worker: PushWorker
+    private let job: JobInFlight
+    private let token: DeviceToken
+    private let record: KafkaRecord
+    private let weight: Int
+    private let notification: OutgoingNotification
+    private var progress: PushWorker.SendProgress
+    private var sentAt = NIODeadline.uptimeNanoseconds(0)
+    /// Acknowledgements still awaited, and the messages Kafka refused.
+    private let publishing = Mutex<(remaining: Int, failed: [KafkaOutgoingMessage])>((0, []))
+
+    init(worker: PushWorker, job: JobInFlight, record: KafkaRecord, weight: Int) {
+        self.worker = worker
+        self.job = job
+        // The caller checked there is exactly one.
+        self.token = job.tokens[0]
+        self.record = record
+        self.weight = weight
+        self.notification = worker.makeNotification(token: token, of: job)
+        self.progress = PushWorker.SendProgress(attempts: job.previousAttempts)
+    }
+
+    /// Sends, unless the job's deadline or expiration already passed.
+    func start() {
+        if let finished = worker.finishedBeforeSending(job, token: token, progress: progress) {
+            publish(worker.outcomeMessages([finished], of: job, record: record))
+            return
+        }
+        progress.attempts += 1
+        sentAt = .now()
+        worker.sender.submit(notification, to: self)
+    }
+
+    func receive(_ outcome: APNsOutcome, tag: Int) {
+        let sent = SendResult(outcome, latencyMs: Double(NIODeadline.now().uptimeNanoseconds &- sentAt.uptimeNanoseconds) / 1e6)
+        switch worker.afterSending(sent, job: job, token: token, progress: &progress) {
+        case .done(let finished):
+            publish(worker.outcomeMessages([finished], of: job, record: record))
+        case .retryInProcess(let delay):
+            // Only this device waits (a 429, a 503, a lost connection); rare, so a task is fine.
+            Task {
+                try? await Task.sleep(for: .milliseconds(delay))
+                self.start()
+            }
+        }
+    }
+
+    private func publish(_ messages: [KafkaOutgoingMessage]) {
+        publishing.withLock { $0.remaining = messages.count }
+        for message in messages {
+            do throws(KafkaError) {
+                try worker.publisher.producer.send(message) { result in self.acknowledged(message, result) }
+            } catch {
+                // Refused locally (a full queue, say): published again below, with backoff.
+                acknowledged(message, .failure(error))
+            }
+        }
+    }
+
+    private func acknowledged(_ message: KafkaOutgoingMessage, _ result: Result<KafkaDeliveryReport, KafkaError>) {
+        let failed = publishing.withLock { state -> [KafkaOutgoingMessage]? in
+            if case .failure = result { state.failed.append(message) }
+            state.remaining -= 1
+            return state.remaining == 0 ? state.failed : nil
+        }
+        guard let failed else { return }
+        if failed.isEmpty {
+            finish()
+            return
+        }
+        if case .failure(let error) = result {
+            worker.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"])
+        }
+        Task {
+            // False only when cancelled: the record then stays unfinished and is redone.
+            if await self.worker.publisher.publish(failed) {
+                self.finish()
+            } else {
+                self.worker.limiter.release(self.weight)
+            }
+        }
+    }
+
+    private func finish() {
+        worker.consumer.markFinished(record)
+        worker.limiter.release(weight)
+    }
+}
