@@ -97,6 +97,9 @@ struct FleetBench {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
                 if warm == nil, snapshot.notificationsSeen >= settings.warmup {
+                    // The workers may be ahead of the result reader: their CPU from here on is
+                    // divided by what they answered from here on, not by what was read.
+                    tally.startCounting(sentFromMs: Self.nowMillis())
                     warm = (.now, fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }, snapshot.notificationsSeen, snapshot.jobsComplete, snapshot.latenciesMs.count, snapshot.toAPNsLatenciesMs.count)
                 }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
@@ -132,7 +135,7 @@ struct FleetBench {
             record.set("notifications_per_second", Double(measured) / max(seconds, 1e-9), decimals: 0)
             record.set("jobs_per_second", Double(snapshot.jobsComplete - warm.jobs) / max(seconds, 1e-9), decimals: 0)
             record.set("per_worker_notifications_per_second", Double(measured) / max(seconds, 1e-9) / Double(settings.workers), decimals: 0)
-            record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(measured, 1)), decimals: 2)
+            record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(snapshot.notificationsSentSinceMark, 1)), decimals: 2)
             record.set("p50_ms", Percentiles.value(0.5, of: latencies) ?? 0, decimals: 1)
             record.set("p99_ms", Percentiles.value(0.99, of: latencies) ?? 0, decimals: 1)
             let toAPNs = Array(snapshot.toAPNsLatenciesMs.dropFirst(warm.toAPNs)).sorted()
