@@ -30,9 +30,6 @@ public final class RunTally: Sendable {
         /// worker handed the notification to its APNs client (`sent_at` − `latency_ms`), for
         /// results APNs answered. What the worker adds on the way in, Kafka included.
         public var toAPNsLatenciesMs: [Double] = []
-        /// Notifications the workers answered (by `sent_at`) since `startCounting(sentFrom:)`:
-        /// what their CPU time since then paid for, however far the result reader lags.
-        public var notificationsSentSinceMark = 0
         public var firstResultAt: Int64?
         public var lastResultAt: Int64?
 
@@ -47,7 +44,6 @@ public final class RunTally: Sendable {
         var answered: [String: Set<String>] = [:]
         var early: [String: [NotificationResult]] = [:]
         var eventKeys: Set<String> = []
-        var countSentFromMs: Int64?
     }
 
     private let state = Mutex(State())
@@ -99,15 +95,6 @@ public final class RunTally: Sendable {
 
     public var snapshot: Snapshot { state.withLock { $0.snapshot } }
 
-    /// From now on, counts the results sent at or after `sentFromMs` (ms since the epoch),
-    /// including ones already seen.
-    public func startCounting(sentFromMs: Int64) {
-        state.withLock { state in
-            state.countSentFromMs = sentFromMs
-            state.snapshot.notificationsSentSinceMark = 0
-        }
-    }
-
     /// "delivered", or "rejected/410/Unregistered", as the generator writes expectations.
     public static func describe(_ result: NotificationResult) -> String {
         switch result.outcome {
@@ -133,7 +120,6 @@ public final class RunTally: Sendable {
         }
         state.answered[jobID, default: []].insert(result.token)
         state.snapshot.notificationsSeen += 1
-        if let mark = state.countSentFromMs, result.sentAt.value >= mark { state.snapshot.notificationsSentSinceMark += 1 }
         let actual = describe(result)
         state.snapshot.outcomes[actual, default: 0] += 1
         if actual != expected {

@@ -82,6 +82,11 @@ struct FleetBench {
                 }
             }
             let publisher = JobPublisher(producer: producer, topic: fleet.topics.jobs)
+            // Worker CPU covers the whole run, warm-up included. A window from the end of
+            // warm-up would need the workers and the result reader at the same point, but the
+            // reader lags the workers by up to seconds (more the faster they are), and a window
+            // counted by what it read was measured far too low.
+            let cpuAtStart = fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }
             group.addTask {
                 var generator = initialGenerator
                 let summary = try await publisher.publish(count: settings.jobs, generator: &generator, rate: settings.rate, tally: tally, clock: Self.nowMillis)
@@ -91,16 +96,13 @@ struct FleetBench {
             // Mark the end of warm-up, then the end of the run.
             let started = ContinuousClock.now
             let hostAtStart = HostCPUTimes.now()
-            var warm: (time: ContinuousClock.Instant, cpu: [Double], seen: Int, jobs: Int, latencies: Int, toAPNs: Int)?
+            var warm: (time: ContinuousClock.Instant, seen: Int, jobs: Int, latencies: Int, toAPNs: Int)?
             var expected = 0
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
                 if warm == nil, snapshot.notificationsSeen >= settings.warmup {
-                    // The workers may be ahead of the result reader: their CPU from here on is
-                    // divided by what they answered from here on, not by what was read.
-                    tally.startCounting(sentFromMs: Self.nowMillis())
-                    warm = (.now, fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }, snapshot.notificationsSeen, snapshot.jobsComplete, snapshot.latenciesMs.count, snapshot.toAPNsLatenciesMs.count)
+                    warm = (.now, snapshot.notificationsSeen, snapshot.jobsComplete, snapshot.latenciesMs.count, snapshot.toAPNsLatenciesMs.count)
                 }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
@@ -121,7 +123,7 @@ struct FleetBench {
             guard let warm else { throw UsageError("the run ended before warm-up did; raise --jobs or lower --warmup") }
             let seconds = (end - warm.time).seconds
             let measured = snapshot.notificationsSeen - warm.seen
-            let cpu = zip(usages, warm.cpu).reduce(0.0) { $0 + (($1.0?.cpuSeconds ?? $1.1) - $1.1) }
+            let cpu = zip(usages, cpuAtStart).reduce(0.0) { $0 + (($1.0?.cpuSeconds ?? $1.1) - $1.1) }
             let latencies = Array(snapshot.latenciesMs.dropFirst(warm.latencies)).sorted()
             var record = BenchRecord()
             record.set("suite", settings.workers > 1 ? "scaling" : "e2e")
@@ -135,7 +137,7 @@ struct FleetBench {
             record.set("notifications_per_second", Double(measured) / max(seconds, 1e-9), decimals: 0)
             record.set("jobs_per_second", Double(snapshot.jobsComplete - warm.jobs) / max(seconds, 1e-9), decimals: 0)
             record.set("per_worker_notifications_per_second", Double(measured) / max(seconds, 1e-9) / Double(settings.workers), decimals: 0)
-            record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(snapshot.notificationsSentSinceMark, 1)), decimals: 2)
+            record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(snapshot.notificationsSeen, 1)), decimals: 2)
             record.set("p50_ms", Percentiles.value(0.5, of: latencies) ?? 0, decimals: 1)
             record.set("p99_ms", Percentiles.value(0.99, of: latencies) ?? 0, decimals: 1)
             let toAPNs = Array(snapshot.toAPNsLatenciesMs.dropFirst(warm.toAPNs)).sorted()

@@ -7,7 +7,7 @@ struct FleetBenchOptions: ParsableArguments {
     @Option(help: "Jobs per run (single-token jobs unless --mix says otherwise).")
     var jobs = 100_000
 
-    @Option(help: "Notifications at the start of each run that are not measured.")
+    @Option(help: "Notifications at the start of each run left out of the rate and latency figures (worker CPU counts every one).")
     var warmup = 10_000
 
     @Option(help: "Partitions of each topic.")
@@ -78,7 +78,7 @@ struct E2EBenchCommand: AsyncParsableCommand {
             Starts kafka-dev, the simulator and one push worker as separate processes, publishes \
             --jobs while the worker runs, and follows the results. Prints one JSON line per run \
             and the median: notifications and jobs per second, worker CPU µs per notification (the \
-            worker process's own CPU time, warm-up excluded), p50/p99 latency from the job's \
+            worker process's own CPU time over the whole run, divided by every notification), p50/p99 latency from the job's \
             meta.published_at to the result's sent_at, and the worker's peak RSS. Build in release mode.
 
             Examples:
