@@ -80,10 +80,10 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var channel: (any Channel)?
     @exclusivity(unchecked) private var session: HTTP2Session?
     @exclusivity(unchecked) private var streams: HTTP2StreamTable<InFlight>
-    /// The stream whose header block is being received and its table slot (header fields of one
-    /// block arrive back to back), so each field costs no lookup.
-    @exclusivity(unchecked) private var headerStream: Int32 = 0
-    @exclusivity(unchecked) private var headerLocation: HTTP2StreamTable<InFlight>.Location?
+    /// The response header block being received. Its fields arrive back to back; they are kept
+    /// here and go into the stream's entry once (`commitHeaderBlock`), or, for an answer that
+    /// ends with its headers (every 200), straight into the answer without touching the table.
+    @exclusivity(unchecked) private var headerBlock = ResponseHeaderBlock()
     @exclusivity(unchecked) private var tokenSchedule: ProviderTokenSchedule
     @exclusivity(unchecked) private var authorization: String?
     @exclusivity(unchecked) private var ready = false
@@ -117,6 +117,38 @@ final class APNsConnection: @unchecked Sendable {
     private let closedPromise: EventLoopPromise<Void>
 
     /// What a stream needs until its answer (the notification itself is not kept).
+    /// What a response's header block said so far.
+    private struct ResponseHeaderBlock {
+        var stream: Int32 = 0
+        var status = 0
+        /// The apns-id's bytes (reused buffer), compared with the request's before making a String.
+        var apnsID: [UInt8] = []
+        var hasAPNsID = false
+        var apnsUniqueID: String?
+
+        mutating func begin(_ stream: Int32) {
+            self.stream = stream
+            status = 0
+            hasAPNsID = false
+            apnsID.removeAll(keepingCapacity: true)
+            apnsUniqueID = nil
+        }
+
+        /// Copies what was received into `inFlight`.
+        func apply(to inFlight: inout InFlight) {
+            if status != 0 { inFlight.status = status }
+            if hasAPNsID {
+                // APNs echoes the request's apns-id: reuse that String when the bytes match.
+                if let requested = inFlight.requestedAPNsID, apnsID.elementsEqual(requested.utf8) {
+                    inFlight.apnsID = requested
+                } else {
+                    inFlight.apnsID = String(decoding: apnsID, as: UTF8.self)
+                }
+            }
+            if let apnsUniqueID { inFlight.apnsUniqueID = apnsUniqueID }
+        }
+    }
+
     private struct InFlight {
         var completion: APNsCompletion
         var deadline: NIODeadline
@@ -317,7 +349,6 @@ final class APNsConnection: @unchecked Sendable {
             // The payload goes into DATA frames straight from the notification's bytes.
             let stream = try session.submitRequest(requestHeaders, body: notification.payload.bytes)
             streams.insert(InFlight(request), for: stream)
-            headerStream = 0
         } catch {
             finish(request.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
         }
@@ -391,16 +422,26 @@ final class APNsConnection: @unchecked Sendable {
 
     fileprivate func beganHeaders(on stream: Int32) {
         readSinceFlush = true
-        headerStream = stream
-        headerLocation = streams.location(of: stream)
+        commitHeaderBlock()
+        headerBlock.begin(stream)
+    }
+
+    /// Writes a header block still held here into its stream's entry. Called before anything
+    /// else reads or removes entries, and before the next block begins.
+    private func commitHeaderBlock() {
+        let stream = headerBlock.stream
+        guard stream != 0 else { return }
+        headerBlock.stream = 0
+        guard let location = streams.location(of: stream) else { return }
+        let block = headerBlock
+        streams.update(stream, at: location) { block.apply(to: &$0) }
     }
 
     fileprivate func receivedHeader(_ field: HTTP2HeaderField, on stream: Int32) {
-        if stream != headerStream { beganHeaders(on: stream) }
-        guard let location = headerLocation else { return }
+        if stream != headerBlock.stream { beganHeaders(on: stream) }
         switch field.nameCount {
         case 7 where field.nameEquals(":status"):
-            let status = field.withValueBytes { bytes in
+            headerBlock.status = field.withValueBytes { bytes in
                 var value = 0
                 for byte in bytes {
                     guard byte >= 0x30, byte <= 0x39 else { return 0 }
@@ -408,18 +449,11 @@ final class APNsConnection: @unchecked Sendable {
                 }
                 return value
             }
-            streams.update(stream, at: location) { $0.status = status }
         case 7 where field.nameEquals("apns-id"):
-            streams.update(stream, at: location) { inFlight in
-                // APNs echoes the request's apns-id: reuse that String when the bytes match.
-                if let requested = inFlight.requestedAPNsID, field.withValueBytes({ $0.elementsEqual(requested.utf8) }) {
-                    inFlight.apnsID = requested
-                } else {
-                    inFlight.apnsID = field.value
-                }
-            }
+            field.withValueBytes { headerBlock.apnsID.append(contentsOf: $0) }
+            headerBlock.hasAPNsID = true
         case 14 where field.nameEquals("apns-unique-id"):
-            streams.update(stream, at: location) { $0.apnsUniqueID = field.value }
+            headerBlock.apnsUniqueID = field.value
         default:
             break
         }
@@ -427,6 +461,7 @@ final class APNsConnection: @unchecked Sendable {
 
     fileprivate func receivedData(_ chunk: HTTP2DataChunk, on stream: Int32) {
         readSinceFlush = true
+        commitHeaderBlock()
         guard let location = streams.location(of: stream), let channel else { return }
         streams.update(stream, at: location) { inFlight in
             // APNs error bodies are tiny JSON objects; anything beyond 8 KB is not kept.
@@ -439,8 +474,14 @@ final class APNsConnection: @unchecked Sendable {
 
     fileprivate func receivedEndStream(on stream: Int32) {
         readSinceFlush = true
-        headerStream = 0
-        guard let inFlight = streams.removeValue(forKey: stream) else { return }
+        guard var inFlight = streams.removeValue(forKey: stream) else {
+            if headerBlock.stream == stream { headerBlock.stream = 0 }
+            return
+        }
+        if headerBlock.stream == stream {
+            headerBlock.apply(to: &inFlight)
+            headerBlock.stream = 0
+        }
         var reason: APNsReason?
         var timestamp: Int64?
         if let body = inFlight.body, body.readableBytes > 0 {
@@ -476,7 +517,6 @@ final class APNsConnection: @unchecked Sendable {
     fileprivate func streamClosed(_ stream: Int32, errorCode: HTTP2ErrorCode) {
         // Answered streams already left the table: a miss is the common case.
         guard !streams.isEmpty, let inFlight = streams.removeValue(forKey: stream) else { return }
-        headerStream = 0
         let outcome: APNsNotAnswered
         if errorCode == .refusedStream {
             if let last = goAwayLastStreamID, stream > last {
@@ -506,7 +546,6 @@ final class APNsConnection: @unchecked Sendable {
         becomeUnusable()
         // Streams above the last one APNs will process are answered now (exactly once: they
         // leave `streams` here, so their later close is ignored) and retried elsewhere.
-        headerStream = 0
         for stream in streams.sortedKeys where stream > goAway.lastStreamID {
             if let inFlight = streams.removeValue(forKey: stream) {
                 finish(inFlight.completion, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
@@ -586,7 +625,6 @@ final class APNsConnection: @unchecked Sendable {
         sweepTask?.cancel()
         readyPromise.fail(APNsClientError(.connect, "the connection closed before HTTP/2 was ready"))
         becomeUnusable()
-        headerStream = 0
         let lost = streams.removeAll()
         for (stream, inFlight) in lost {
             let certain = goAwayLastStreamID.map { stream > $0 } ?? false
@@ -627,7 +665,6 @@ final class APNsConnection: @unchecked Sendable {
             streams.forEach { stream, inFlight in
                 if inFlight.deadline <= now { expired.append(stream) }
             }
-            if !expired.isEmpty { headerStream = 0 }
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 try? session.submitResetStream(stream, errorCode: .cancel)
@@ -636,7 +673,6 @@ final class APNsConnection: @unchecked Sendable {
             }
         }
         if let drainDeadline, now >= drainDeadline, !streams.isEmpty {
-            headerStream = 0
             for (stream, inFlight) in streams.removeAll() {
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 finish(inFlight.completion, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))

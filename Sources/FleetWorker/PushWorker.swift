@@ -101,9 +101,10 @@ public final class PushWorker: Service, Sendable {
                         group.addTask { await self.processWhenDue(record, waitMilliseconds: wait) }
                         continue
                     }
-                    let weight = Self.weight(of: record)
-                    await limiter.acquire(weight)
+                    // Decoded before it takes its slots, so that a job counts by its real tokens.
                     let admission = admit(record)
+                    let weight = admission.weight
+                    await limiter.acquire(weight)
                     if case .accepted(let job) = admission, job.tokens.count == 1, sender.canSubmit(app: job.appName) {
                         DirectDelivery(worker: self, job: job, record: record, weight: weight).start()
                         continue
@@ -127,8 +128,9 @@ public final class PushWorker: Service, Sendable {
 
     private static let tokensMarker = Array(#""tokens""#.utf8)
 
-    /// How many notifications a record will become, for the in-flight bound. Estimated cheaply
-    /// from the raw bytes: a fan-out job counts by its tokens.
+    /// How many notifications a record will become, for the in-flight bound, before it is
+    /// decoded (a retry record waiting for its time). Estimated cheaply from the raw bytes: a
+    /// fan-out job counts by its tokens.
     static func weight(of record: KafkaRecord) -> Int {
         if record.headers.contains(where: { $0.key == JobDecoder.tokenHeader }) { return 1 }
         var quotes = 0
@@ -212,6 +214,12 @@ public final class PushWorker: Service, Sendable {
         /// Unusable: its results and DLQ copy.
         case rejected([KafkaOutgoingMessage])
         case accepted(JobInFlight)
+
+        /// Its share of the in-flight bound: one per notification.
+        var weight: Int {
+            if case .accepted(let job) = self { return max(1, job.tokens.count) }
+            return 1
+        }
     }
 
     // Synchronous work of the async functions on the send path lives in functions of its own
