@@ -45,7 +45,7 @@ public final class APNsClientPool: Service, Sendable {
     /// Someone waiting for a stream: a suspended `send`, or a submitted request.
     private enum Waiter: Sendable {
         case caller(UnsafeContinuation<Lease, Never>)
-        case submitted(SubmittedRequest)
+        case submitted(APNsRequest)
     }
 
     private struct State {
@@ -125,10 +125,10 @@ public final class APNsClientPool: Service, Sendable {
     /// are as for `send`, except that a request waiting for a stream waits in the pool's queue.
     /// A caller bounds how many it submits (the queue holds whatever it is given).
     public func submit(_ notification: APNsNotification, deadline: NIODeadline, to receiver: any APNsOutcomeReceiver, tag: Int = 0) {
-        submit(SubmittedRequest(notification: notification, deadline: deadline, receiver: receiver, tag: tag, retries: 0))
+        submit(APNsRequest(notification: notification, deadline: deadline, destination: .receiver(receiver, tag: tag)))
     }
 
-    private func submit(_ request: SubmittedRequest) {
+    private func submit(_ request: APNsRequest) {
         let immediate = state.withLock { state -> Lease? in
             if let lease = Self.immediateLease(&state) { return lease }
             if request.deadline <= .now() { return .timeout }
@@ -149,13 +149,13 @@ public final class APNsClientPool: Service, Sendable {
             let outcome: APNsOutcome
             switch lease {
             case .connection(let connection):
-                connection.execute(request)
+                connection.enqueue(request)
                 return
             case .shutdown: outcome = unanswered(.shutdown, "the client is shutting down")
             case .timeout: outcome = unanswered(.timeout, waitingTimeoutDetail())
             case .connectionFailed(let detail): outcome = unanswered(.connectionFailed, detail)
             }
-            group.any().execute { request.receiver.receive(outcome, tag: request.tag) }
+            group.any().execute { request.deliver(outcome) }
         }
     }
 
@@ -440,11 +440,11 @@ extension APNsClientPool: APNsConnectionEvents {
         for (_, waiter, target) in served { serve(waiter, with: target.map { .connection($0) } ?? .connectionFailed("the connection closed")) }
     }
 
-    func connection(_ connection: APNsConnection, didFinish request: SubmittedRequest, with outcome: APNsOutcome) {
+    func connection(_ connection: APNsConnection, didFinish request: APNsRequest, with outcome: APNsOutcome) {
         if shouldSendAgain(outcome, retries: request.retries, deadline: request.deadline) {
             submit(request.sentAgain())
         } else {
-            request.receiver.receive(outcome, tag: request.tag)
+            request.deliver(outcome)
         }
     }
 
@@ -494,24 +494,12 @@ public protocol APNsOutcomeReceiver: AnyObject, Sendable {
     func receive(_ outcome: APNsOutcome, tag: Int)
 }
 
-/// A submitted request: what sending it again needs, and where its outcome goes.
-final class SubmittedRequest: Sendable {
-    let notification: APNsNotification
-    let deadline: NIODeadline
-    let receiver: any APNsOutcomeReceiver
-    let tag: Int
-    /// Times it was sent again because APNs certainly did not process it.
-    let retries: Int
-
-    init(notification: APNsNotification, deadline: NIODeadline, receiver: any APNsOutcomeReceiver, tag: Int, retries: Int) {
-        self.notification = notification
-        self.deadline = deadline
-        self.receiver = receiver
-        self.tag = tag
-        self.retries = retries
-    }
-
-    func sentAgain() -> SubmittedRequest {
-        SubmittedRequest(notification: notification, deadline: deadline, receiver: receiver, tag: tag, retries: retries + 1)
+extension APNsRequest {
+    /// Hands the outcome to where it goes (a suspended caller, or a receiver).
+    func deliver(_ outcome: APNsOutcome) {
+        switch destination {
+        case .caller(let continuation): continuation.resume(returning: outcome)
+        case .receiver(let receiver, let tag): receiver.receive(outcome, tag: tag)
+        }
     }
 }

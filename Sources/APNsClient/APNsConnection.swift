@@ -16,7 +16,7 @@ protocol APNsConnectionEvents: AnyObject, Sendable {
     /// answer among them proved the token valid. Called once per batch of answers.
     func connection(_ connection: APNsConnection, didFinishStreams count: Int, tokenAccepted: Bool)
     /// A submitted request ended, after `didFinishStreams` gave its stream back.
-    func connection(_ connection: APNsConnection, didFinish request: SubmittedRequest, with outcome: APNsOutcome)
+    func connection(_ connection: APNsConnection, didFinish request: APNsRequest, with outcome: APNsOutcome)
     func connection(_ connection: APNsConnection, didRejectProviderToken reason: APNsReason)
     /// GOAWAY arrived, the connection was retired, or it closed: no new work.
     func connectionBecameUnusable(_ connection: APNsConnection)
@@ -37,20 +37,34 @@ func withOutcomeContinuation(_ body: (OutcomeContinuation) -> Void) async -> APN
 }
 #endif
 
-/// Where a request's outcome goes: a caller suspended in `APNsClientPool.send`, or the pool,
-/// for a request given to `APNsClientPool.submit` (which retries it or hands the outcome to its
-/// receiver).
-enum APNsCompletion: Sendable {
-    case caller(OutcomeContinuation)
-    case submitted(SubmittedRequest)
-}
+/// One request travelling through the pool and a connection. A class: it is handed from queue
+/// to queue (the pool's waiters, the connection's pending requests, its stream table), and each
+/// hand-over then moves one reference instead of copying the notification's fields.
+final class APNsRequest: Sendable {
+    /// Where the outcome goes.
+    enum Destination: Sendable {
+        /// A caller suspended in `APNsClientPool.send`.
+        case caller(OutcomeContinuation)
+        /// The receiver of `APNsClientPool.submit`; the pool may send the request again first.
+        case receiver(any APNsOutcomeReceiver, tag: Int)
+    }
 
-/// One request travelling through a connection.
-struct APNsRequest: Sendable {
     let notification: APNsNotification
     let deadline: NIODeadline
-    let start: NIODeadline
-    let completion: APNsCompletion
+    let destination: Destination
+    /// Times it was sent again because APNs certainly did not process it.
+    let retries: Int
+
+    init(notification: APNsNotification, deadline: NIODeadline, destination: Destination, retries: Int = 0) {
+        self.notification = notification
+        self.deadline = deadline
+        self.destination = destination
+        self.retries = retries
+    }
+
+    func sentAgain() -> APNsRequest {
+        APNsRequest(notification: notification, deadline: deadline, destination: destination, retries: retries + 1)
+    }
 }
 
 /// One long-lived HTTP/2 connection to APNs: NIO socket, NIOSSL (TLS 1.2+, ALPN h2, verified
@@ -99,8 +113,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var spareBatch: [APNsRequest] = []
     /// Outcomes decided during a read burst (or another event-loop task), delivered together:
     /// the pool hears once per batch, then every caller is resumed.
-    @exclusivity(unchecked) private var completions: [(completion: APNsCompletion, outcome: APNsOutcome)] = []
-    @exclusivity(unchecked) private var spareCompletions: [(completion: APNsCompletion, outcome: APNsOutcome)] = []
+    @exclusivity(unchecked) private var completions: [(request: APNsRequest, outcome: APNsOutcome)] = []
+    @exclusivity(unchecked) private var spareCompletions: [(request: APNsRequest, outcome: APNsOutcome)] = []
     @exclusivity(unchecked) private var completionsAcceptedToken = false
     @exclusivity(unchecked) private var completionFlushScheduled = false
     /// Set by frames received since the last flush; `lastRead` is updated once per burst.
@@ -139,7 +153,7 @@ final class APNsConnection: @unchecked Sendable {
             if status != 0 { inFlight.status = status }
             if hasAPNsID {
                 // APNs echoes the request's apns-id: reuse that String when the bytes match.
-                if let requested = inFlight.requestedAPNsID, apnsID.elementsEqual(requested.utf8) {
+                if let requested = inFlight.request.notification.apnsID, apnsID.elementsEqual(requested.utf8) {
                     inFlight.apnsID = requested
                 } else {
                     inFlight.apnsID = String(decoding: apnsID, as: UTF8.self)
@@ -150,21 +164,17 @@ final class APNsConnection: @unchecked Sendable {
     }
 
     private struct InFlight {
-        var completion: APNsCompletion
-        var deadline: NIODeadline
-        var start: NIODeadline
-        /// The request's apns-id: an answer echoing it reuses the String instead of decoding one.
-        var requestedAPNsID: String?
+        let request: APNsRequest
+        /// When its HEADERS were handed to the session: the answer's latency starts here.
+        let sentAt: NIODeadline
         var status = 0
         var apnsID: String?
         var apnsUniqueID: String?
         var body: ByteBuffer?
 
-        init(_ request: APNsRequest) {
-            completion = request.completion
-            deadline = request.deadline
-            start = request.start
-            requestedAPNsID = request.notification.apnsID
+        init(_ request: APNsRequest, sentAt: NIODeadline) {
+            self.request = request
+            self.sentAt = sentAt
         }
     }
 
@@ -264,16 +274,12 @@ final class APNsConnection: @unchecked Sendable {
     /// Sends one request; the pool has already taken a stream of this connection's budget.
     func execute(_ notification: APNsNotification, deadline: NIODeadline) async -> APNsOutcome {
         await withOutcomeContinuation { continuation in
-            enqueue(APNsRequest(notification: notification, deadline: deadline, start: .now(), completion: .caller(continuation)))
+            enqueue(APNsRequest(notification: notification, deadline: deadline, destination: .caller(continuation)))
         }
     }
 
-    /// Sends a submitted request; its stream is taken, and its outcome goes back to the pool.
-    func execute(_ request: SubmittedRequest) {
-        enqueue(APNsRequest(notification: request.notification, deadline: request.deadline, start: .now(), completion: .submitted(request)))
-    }
-
-    private func enqueue(_ request: APNsRequest) {
+    /// Sends a submitted request (its stream is taken); its outcome goes back to the pool.
+    func enqueue(_ request: APNsRequest) {
         let schedule = pending.withLock { pending -> Bool in
             pending.requests.append(request)
             if pending.drainScheduled { return false }
@@ -308,15 +314,15 @@ final class APNsConnection: @unchecked Sendable {
 
     private func submit(_ request: APNsRequest, now: NIODeadline) {
         guard let session, !closed else {
-            finish(request.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
+            finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
             return
         }
         if unusable {
-            finish(request.completion, .notAnswered(APNsNotAnswered(.goAway, "the connection was going away before the request was written", certainlyNotProcessed: true)))
+            finish(request, .notAnswered(APNsNotAnswered(.goAway, "the connection was going away before the request was written", certainlyNotProcessed: true)))
             return
         }
         if request.deadline <= now {
-            finish(request.completion, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
+            finish(request, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
             return
         }
         let notification = request.notification
@@ -327,7 +333,7 @@ final class APNsConnection: @unchecked Sendable {
         requestHeaders.append(":authority", authority)
         if case .token(let signer) = configuration.authentication {
             guard let authorization = currentAuthorization(signer) else {
-                finish(request.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
+                finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
                 return
             }
             requestHeaders.append("authorization", authorization, neverIndex: true)
@@ -348,9 +354,9 @@ final class APNsConnection: @unchecked Sendable {
         do {
             // The payload goes into DATA frames straight from the notification's bytes.
             let stream = try session.submitRequest(requestHeaders, body: notification.payload.bytes)
-            streams.insert(InFlight(request), for: stream)
+            streams.insert(InFlight(request, sentAt: now), for: stream)
         } catch {
-            finish(request.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
+            finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
         }
     }
 
@@ -378,8 +384,8 @@ final class APNsConnection: @unchecked Sendable {
 
     /// Decides a request's outcome; the caller is resumed, and the stream given back to the
     /// pool, by the next `flushCompletions` (at the end of this burst or event-loop task).
-    private func finish(_ completion: APNsCompletion, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
-        completions.append((completion, outcome))
+    private func finish(_ request: APNsRequest, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
+        completions.append((request, outcome))
         if tokenAccepted { completionsAcceptedToken = true }
         if !completionFlushScheduled {
             // A safety net: every path that finishes requests also flushes, usually sooner.
@@ -403,10 +409,10 @@ final class APNsConnection: @unchecked Sendable {
         completionsAcceptedToken = false
         events.connection(self, didFinishStreams: batch.count, tokenAccepted: tokenAccepted)
         metrics.record(batch.lazy.map(\.outcome))
-        for (completion, outcome) in batch {
-            switch completion {
+        for (request, outcome) in batch {
+            switch request.destination {
             case .caller(let continuation): continuation.resume(returning: outcome)
-            case .submitted(let request): events.connection(self, didFinish: request, with: outcome)
+            case .receiver: events.connection(self, didFinish: request, with: outcome)
             }
         }
         batch.removeAll(keepingCapacity: true)
@@ -493,7 +499,7 @@ final class APNsConnection: @unchecked Sendable {
             apnsID: inFlight.apnsID,
             apnsUniqueID: inFlight.apnsUniqueID,
             timestamp: timestamp,
-            latency: Self.duration(from: inFlight.start, to: now)
+            latency: Self.duration(from: inFlight.sentAt, to: now)
         )
         let tokenAccepted = StreamBudget.provesTokenValid(status: response.status, reason: reason)
         if response.status == 200, !hadSuccess {
@@ -503,7 +509,7 @@ final class APNsConnection: @unchecked Sendable {
         if let reason, reason.known?.refreshesProviderToken == true, configuration.authentication.isToken {
             events.connection(self, didRejectProviderToken: reason)
         }
-        finish(inFlight.completion, .answered(response), tokenAccepted: tokenAccepted)
+        finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
         closeIfDrained()
     }
 
@@ -527,7 +533,7 @@ final class APNsConnection: @unchecked Sendable {
         } else {
             outcome = APNsNotAnswered(.connectionFailed, "stream \(stream) closed without an answer (\(errorCode))", certainlyNotProcessed: false)
         }
-        finish(inFlight.completion, .notAnswered(outcome))
+        finish(inFlight.request, .notAnswered(outcome))
         closeIfDrained()
     }
 
@@ -548,7 +554,7 @@ final class APNsConnection: @unchecked Sendable {
         // leave `streams` here, so their later close is ignored) and retried elsewhere.
         for stream in streams.sortedKeys where stream > goAway.lastStreamID {
             if let inFlight = streams.removeValue(forKey: stream) {
-                finish(inFlight.completion, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.goAway, "stream \(stream) above the GOAWAY's last stream \(goAway.lastStreamID) (\(reason?.rawValue ?? "no reason"))", certainlyNotProcessed: true)))
             }
         }
         closeIfDrained()
@@ -628,7 +634,7 @@ final class APNsConnection: @unchecked Sendable {
         let lost = streams.removeAll()
         for (stream, inFlight) in lost {
             let certain = goAwayLastStreamID.map { stream > $0 } ?? false
-            finish(inFlight.completion, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
+            finish(inFlight.request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
         }
         // Breaks the connection <-> session cycle.
         session?.delegate = nil
@@ -663,19 +669,19 @@ final class APNsConnection: @unchecked Sendable {
         if !streams.isEmpty {
             var expired: [Int32] = []
             streams.forEach { stream, inFlight in
-                if inFlight.deadline <= now { expired.append(stream) }
+                if inFlight.request.deadline <= now { expired.append(stream) }
             }
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
-                finish(inFlight.completion, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
             }
         }
         if let drainDeadline, now >= drainDeadline, !streams.isEmpty {
             for (stream, inFlight) in streams.removeAll() {
                 try? session.submitResetStream(stream, errorCode: .cancel)
-                finish(inFlight.completion, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
             }
             wrote = true
         }
