@@ -360,6 +360,45 @@ struct ClientIntegrationTests {
         await simulator.stop(gracePeriod: .milliseconds(50))
     }
 
+    @Test("submit: each outcome reaches its receiver once, by tag, through waiting, GOAWAY and shutdown")
+    func submitWithReceiver() async throws {
+        try await withPool(simulator: {
+            $0.behaviour.latency = .milliseconds(40)
+            $0.behaviour.maxConcurrentStreams = 50
+        }, client: { $0.connections = 2 }) { pool, simulator, _ in
+            #expect(await pool.waitUntilReady())
+            // More than the 2 × 50 streams: the rest wait in the pool's queue, not in tasks.
+            let total = 400
+            let receiver = CollectingReceiver(expected: total)
+            let peak = Peak()
+            for tag in 0..<total {
+                pool.submit(Fixture.notification(), deadline: .now() + .seconds(60), to: receiver, tag: tag)
+                if tag == 150 {
+                    peak.observe(pool.statistics)
+                    simulator.goAway(reason: "Shutdown")
+                }
+            }
+            let outcomes = await receiver.all()
+            #expect(outcomes.count == total)
+            #expect(Set(outcomes.keys) == Set(0..<total), "every tag answered")
+            #expect(receiver.extraDeliveries == 0, "no request answered twice")
+            #expect(peak.value.waiting > 0, "requests waited for streams")
+            let delivered = outcomes.values.filter { $0.status == 200 }.count
+            let shutdown = outcomes.values.filter { $0.reason == .shutdown }.count
+            #expect(delivered + shutdown == total, "refused and above-last-stream requests were sent again: \(outcomes.values.compactMap(\.notAnswered).prefix(3))")
+            #expect(simulator.counters.snapshot().count(status: 200) == delivered, "what APNs accepted is what the receiver heard")
+
+            // A waiting request past its deadline times out; after shutdown, submissions hear so.
+            let slow = CollectingReceiver(expected: 2)
+            pool.submit(Fixture.notification(), deadline: .now() - .milliseconds(1), to: slow, tag: 1)
+            pool.shutdown()
+            pool.submit(Fixture.notification(), deadline: .now() + .seconds(5), to: slow, tag: 2)
+            let late = await slow.all()
+            #expect(late[1]?.notAnswered?.kind == .timeout || late[1]?.notAnswered?.kind == .shutdown, "\(String(describing: late[1]))")
+            #expect(late[2]?.notAnswered?.kind == .shutdown)
+        }
+    }
+
     @Test("Shutdown: waiting callers are told, run() returns")
     func shutdown() async throws {
         try await withPool(simulator: { $0.behaviour.latency = .milliseconds(300) }) { pool, _, _ in
@@ -387,6 +426,44 @@ func waitFor(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool
         try? await Task.sleep(for: .milliseconds(10))
     }
     return condition()
+}
+
+/// Collects submitted requests' outcomes by tag; `all()` returns once `expected` arrived.
+final class CollectingReceiver: APNsOutcomeReceiver {
+    private struct State {
+        var outcomes: [Int: APNsOutcome] = [:]
+        var extra = 0
+        var waiter: CheckedContinuation<[Int: APNsOutcome], Never>?
+    }
+
+    private let expected: Int
+    private let state = Mutex(State())
+
+    init(expected: Int) { self.expected = expected }
+
+    func receive(_ outcome: APNsOutcome, tag: Int) {
+        let done = state.withLock { state -> (CheckedContinuation<[Int: APNsOutcome], Never>, [Int: APNsOutcome])? in
+            if state.outcomes[tag] != nil { state.extra += 1 }
+            state.outcomes[tag] = outcome
+            guard state.outcomes.count == expected, let waiter = state.waiter else { return nil }
+            state.waiter = nil
+            return (waiter, state.outcomes)
+        }
+        if let (waiter, outcomes) = done { waiter.resume(returning: outcomes) }
+    }
+
+    var extraDeliveries: Int { state.withLock { $0.extra } }
+
+    func all() async -> [Int: APNsOutcome] {
+        await withCheckedContinuation { continuation in
+            let ready = state.withLock { state -> [Int: APNsOutcome]? in
+                if state.outcomes.count == expected { return state.outcomes }
+                state.waiter = continuation
+                return nil
+            }
+            if let ready { continuation.resume(returning: ready) }
+        }
+    }
 }
 
 /// The highest in-flight and waiting counts seen.
