@@ -33,6 +33,15 @@ final class InFlightLimiter: Sendable {
     /// Takes `count` slots (at most the capacity, so a job larger than the bound still runs alone).
     func acquire(_ count: Int) async {
         let wanted = min(max(count, 1), capacity)
+        // Below the bound (the steady state) no continuation is made: suspending and resuming
+        // the consume loop once per record cost more than the rest of taking a slot.
+        let taken = state.withLock { state -> Bool in
+            guard state.waiters.isEmpty, state.available >= wanted else { return false }
+            state.available -= wanted
+            changed(&state)
+            return true
+        }
+        if taken { return }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let ready = state.withLock { state -> Bool in
                 if state.waiters.isEmpty, state.available >= wanted {
