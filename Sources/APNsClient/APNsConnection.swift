@@ -338,7 +338,9 @@ final class APNsConnection: @unchecked Sendable {
             }
             requestHeaders.append("authorization", authorization, neverIndex: true)
         }
-        if let apnsID = notification.apnsID { requestHeaders.append("apns-id", apnsID) }
+        // Unique per notification: indexing it would only evict useful entries (and cost both
+        // ends an insertion) on every request.
+        if let apnsID = notification.apnsID { requestHeaders.append("apns-id", apnsID, neverIndex: true) }
         if let expiration = notification.expiration { requestHeaders.append("apns-expiration", decimal: expiration) }
         if let priority = notification.priority {
             switch priority {

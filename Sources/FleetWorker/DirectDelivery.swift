@@ -26,8 +26,8 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
     private let notification: OutgoingNotification
     private var progress: PushWorker.SendProgress
     private var sentAt = NIODeadline.uptimeNanoseconds(0)
-    /// Acknowledgements still awaited, and the messages Kafka refused.
-    private let publishing = Mutex<(remaining: Int, failed: [KafkaOutgoingMessage])>((0, []))
+    /// The messages being published, acknowledgements still awaited, and those Kafka refused.
+    private let publishing = Mutex<(messages: [KafkaOutgoingMessage], remaining: Int, failed: [KafkaOutgoingMessage])>(([], 0, []))
 
     init(worker: PushWorker, job: JobInFlight, record: KafkaRecord, weight: Int) {
         self.worker = worker
@@ -66,30 +66,35 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
     }
 
     private func publish(_ messages: [KafkaOutgoingMessage]) {
-        publishing.withLock { $0.remaining = messages.count }
-        for message in messages {
+        publishing.withLock { $0 = (messages, messages.count, []) }
+        for index in messages.indices {
             do throws(KafkaError) {
-                try worker.publisher.producer.send(message) { result in self.acknowledged(message, result) }
+                // The callback captures an index, not the message: a smaller context per message.
+                try worker.publisher.producer.send(messages[index]) { result in self.acknowledged(index, result) }
             } catch {
                 // Refused locally (a full queue, say): published again below, with backoff.
-                acknowledged(message, .failure(error))
+                acknowledged(index, .failure(error))
             }
         }
     }
 
-    private func acknowledged(_ message: KafkaOutgoingMessage, _ result: Result<KafkaDeliveryReport, KafkaError>) {
-        let failed = publishing.withLock { state -> [KafkaOutgoingMessage]? in
-            if case .failure = result { state.failed.append(message) }
+    private func acknowledged(_ index: Int, _ result: Result<KafkaDeliveryReport, KafkaError>) {
+        let (failed, topic) = publishing.withLock { state -> ([KafkaOutgoingMessage]?, String?) in
+            var topic: String?
+            if case .failure = result {
+                topic = state.messages[index].topic
+                state.failed.append(state.messages[index])
+            }
             state.remaining -= 1
-            return state.remaining == 0 ? state.failed : nil
+            return (state.remaining == 0 ? state.failed : nil, topic)
+        }
+        if let topic, case .failure(let error) = result {
+            worker.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(topic)", "error": "\(error)"])
         }
         guard let failed else { return }
         if failed.isEmpty {
             finish()
             return
-        }
-        if case .failure(let error) = result {
-            worker.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"])
         }
         Task {
             // False only when cancelled: the record then stays unfinished and is redone.
