@@ -13,19 +13,10 @@ public struct DeviceToken: Sendable, Hashable, CustomStringConvertible {
     public init(hex text: String) throws(JobRejection) {
         let utf8 = text.utf8
         guard !utf8.isEmpty else { throw JobRejection(field: "token", "device token is empty") }
-        var needsLowercasing = false
-        for (offset, byte) in utf8.enumerated() {
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"):
-                continue
-            case UInt8(ascii: "A")...UInt8(ascii: "F"):
-                needsLowercasing = true
-            default:
-                throw JobRejection(
-                    field: "token",
-                    "device token is not hex: character \(offset + 1) is \(Self.describe(byte))"
-                )
-            }
+        // Every job's token passes here: scanned as contiguous bytes when the String has them.
+        let (firstInvalid, needsLowercasing) = utf8.withContiguousStorageIfAvailable(Self.scan) ?? Self.scan(Array(utf8))
+        if let (offset, byte) = firstInvalid {
+            throw JobRejection(field: "token", "device token is not hex: character \(offset + 1) is \(Self.describe(byte))")
         }
         guard utf8.count % 2 == 0 else {
             throw JobRejection(field: "token", "device token has an odd number of hex digits (\(utf8.count))")
@@ -38,6 +29,24 @@ public struct DeviceToken: Sendable, Hashable, CustomStringConvertible {
             )
         }
         self.hex = needsLowercasing ? text.lowercased() : text
+    }
+
+    /// The first byte that is not a hex digit (with its offset), and whether any digit is uppercase.
+    private static func scan(_ bytes: some Collection<UInt8>) -> (firstInvalid: (Int, UInt8)?, needsLowercasing: Bool) {
+        var needsLowercasing = false
+        var offset = 0
+        for byte in bytes {
+            switch byte {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"):
+                break
+            case UInt8(ascii: "A")...UInt8(ascii: "F"):
+                needsLowercasing = true
+            default:
+                return ((offset, byte), needsLowercasing)
+            }
+            offset += 1
+        }
+        return (nil, needsLowercasing)
     }
 
     /// A token from its binary form (the legacy interfaces carry tokens as bytes).

@@ -89,6 +89,10 @@ public enum JobRules {
         guard count <= maximumBytes else {
             throw JobRejection(field: field, "\(field) is \(count) bytes; at most \(maximumBytes) are allowed")
         }
+        // Control characters are single bytes in UTF-8 (no multi-byte sequence contains one), so a
+        // byte scan finds them; the scalars are walked only to say where, for the error.
+        let isControl = { (byte: UInt8) in byte < 0x20 || byte == 0x7F }
+        guard text.utf8.withContiguousStorageIfAvailable({ $0.contains(where: isControl) }) ?? text.utf8.contains(where: isControl) else { return }
         for (offset, scalar) in text.unicodeScalars.enumerated() where scalar.value < 0x20 || scalar.value == 0x7F {
             throw JobRejection(
                 field: field,
