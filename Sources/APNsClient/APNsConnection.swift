@@ -130,7 +130,6 @@ final class APNsConnection: @unchecked Sendable {
     private let unusablePromise: EventLoopPromise<Void>
     private let closedPromise: EventLoopPromise<Void>
 
-    /// What a stream needs until its answer (the notification itself is not kept).
     /// What a response's header block said so far.
     private struct ResponseHeaderBlock {
         var stream: Int32 = 0
@@ -163,6 +162,8 @@ final class APNsConnection: @unchecked Sendable {
         }
     }
 
+    /// A stream until its answer: the request (kept for its apns-id, deadline and where the
+    /// outcome goes; its payload stays in memory until then) and what the answer said so far.
     private struct InFlight {
         let request: APNsRequest
         /// When its HEADERS were handed to the session: the answer's latency starts here.
@@ -434,8 +435,9 @@ final class APNsConnection: @unchecked Sendable {
         headerBlock.begin(stream)
     }
 
-    /// Writes a header block still held here into its stream's entry. Called before anything
-    /// else reads or removes entries, and before the next block begins.
+    /// Writes a header block still held here into its stream's entry: before the next block
+    /// begins and before DATA is added to an entry. (Paths that drop entries without an answer
+    /// need not: a block whose stream is gone is dropped when committed.)
     private func commitHeaderBlock() {
         let stream = headerBlock.stream
         guard stream != 0 else { return }
@@ -458,6 +460,7 @@ final class APNsConnection: @unchecked Sendable {
                 return value
             }
         case 7 where field.nameEquals("apns-id"):
+            headerBlock.apnsID.removeAll(keepingCapacity: true)
             field.withValueBytes { headerBlock.apnsID.append(contentsOf: $0) }
             headerBlock.hasAPNsID = true
         case 14 where field.nameEquals("apns-unique-id"):

@@ -12,7 +12,8 @@ import Synchronization
 /// Tasks, continuations and executor hops per notification were a large share of the worker's
 /// CPU; most jobs have one token and are answered on the first attempt, so they take this
 /// path. The rare steps that must wait (an in-process retry's delay, publishing again after
-/// Kafka refused) continue in a task.
+/// Kafka refused) continue as tasks under the worker's `run()` (`continueLater`), which a
+/// shutdown cancels.
 ///
 /// Each step runs after the previous one handed over through a lock or a queue (the client's
 /// pending requests, librdkafka's delivery reports), never two at once; so the mutable
@@ -58,10 +59,10 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
             publish(worker.outcomeMessages([finished], of: job, record: record))
         case .retryInProcess(let delay):
             // Only this device waits (a 429, a 503, a lost connection); rare, so a task is fine.
-            Task {
+            worker.continueLater({
                 try? await Task.sleep(for: .milliseconds(delay))
                 self.start()
-            }
+            }, ifStopped: abandon)
         }
     }
 
@@ -96,18 +97,24 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
             finish()
             return
         }
-        Task {
-            // False only when cancelled: the record then stays unfinished and is redone.
+        worker.continueLater({
+            // False only when shutdown cancelled it first: the record then stays unfinished and
+            // is redone after its partition moves (duplicates allowed, losses not).
             if await self.worker.publisher.publish(failed) {
                 self.finish()
             } else {
-                self.worker.limiter.release(self.weight)
+                self.abandon()
             }
-        }
+        }, ifStopped: abandon)
     }
 
     private func finish() {
         worker.consumer.markFinished(record)
+        worker.limiter.release(weight)
+    }
+
+    /// Gives the slot back without finishing the record (the worker is stopping).
+    private func abandon() {
         worker.limiter.release(weight)
     }
 }

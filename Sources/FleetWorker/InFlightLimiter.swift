@@ -16,7 +16,8 @@ final class InFlightLimiter: Sendable {
         var available: Int
         var gate: WatermarkGate
         var waiters: Deque<(count: Int, continuation: CheckedContinuation<Void, Never>)> = []
-        var idleWaiters: [CheckedContinuation<Void, Never>] = []
+        var idleWaiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
+        var nextIdleWaiter: UInt64 = 0
     }
 
     let capacity: Int
@@ -67,7 +68,7 @@ final class InFlightLimiter: Sendable {
                 state.waiters.removeFirst()
             }
             if state.available == capacity, !state.idleWaiters.isEmpty {
-                ready += state.idleWaiters
+                ready += state.idleWaiters.values
                 state.idleWaiters.removeAll()
             }
             changed(&state)
@@ -76,16 +77,24 @@ final class InFlightLimiter: Sendable {
         for continuation in ready { continuation.resume() }
     }
 
-    /// Returns once nothing is in flight: work that finishes by callback rather than in a task
-    /// is waited for this way.
+    /// Returns once nothing is in flight, or when the calling task is cancelled: work that
+    /// finishes by callback rather than in a task is waited for this way.
     func waitUntilIdle() async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let idle = state.withLock { state -> Bool in
-                if state.available == capacity { return true }
-                state.idleWaiters.append(continuation)
-                return false
+        let id = state.withLock { state -> UInt64 in
+            state.nextIdleWaiter += 1
+            return state.nextIdleWaiter
+        }
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let idle = state.withLock { state -> Bool in
+                    if state.available == capacity || Task.isCancelled { return true }
+                    state.idleWaiters[id] = continuation
+                    return false
+                }
+                if idle { continuation.resume() }
             }
-            if idle { continuation.resume() }
+        } onCancel: {
+            state.withLock { $0.idleWaiters.removeValue(forKey: id) }?.resume()
         }
     }
 

@@ -64,18 +64,18 @@ public protocol NotificationSender: Sendable {
     /// Whether `submit` can send `app`'s notifications (without a task waiting for each).
     func canSubmit(app: String) -> Bool
 
-    /// Sends without suspending: `receiver` gets the outcome once, on an event loop. Only for
-    /// apps where `canSubmit` is true.
+    /// Sends without suspending: `receiver` gets the outcome once, after this returns (on an
+    /// event loop, for the HTTP/2 client). Only for apps where `canSubmit` is true.
     func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver)
 }
 
 extension NotificationSender {
     public func canSubmit(app: String) -> Bool { false }
 
-    /// A transport without `submit` answers at once that nothing was sent (callers check
-    /// `canSubmit` first, so this is a caller's mistake made visible rather than a crash).
+    /// A transport without `submit` answers that nothing was sent (callers check `canSubmit`
+    /// first, so this is a caller's mistake made visible rather than a crash).
     public func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver) {
         let why = APNsNotAnswered(.connectionFailed, "\(Self.self) cannot submit; it sends only with send(_:)", certainlyNotProcessed: true)
-        receiver.receive(.notAnswered(why), tag: 0)
+        Task { receiver.receive(.notAnswered(why), tag: 0) }
     }
 }

@@ -49,6 +49,11 @@ public final class PushWorker: Service, Sendable {
     let logger: Logger
     private let now: @Sendable () -> UnixMillis
     private let outcomeCounters = OutcomeCounters()
+    /// Steps of direct deliveries that must wait (an in-process retry's delay, publishing again
+    /// after Kafka refused): run as tasks under `run()`, so that a shutdown cancels them as it
+    /// cancels the task path.
+    private let waitingSteps: AsyncStream<@Sendable () async -> Void>
+    private let waitingStepsInput: AsyncStream<@Sendable () async -> Void>.Continuation
 
     public init(
         configuration: Configuration,
@@ -72,6 +77,7 @@ public final class PushWorker: Service, Sendable {
         }
         self.logger = logger
         self.now = now
+        (waitingSteps, waitingStepsInput) = AsyncStream.makeStream()
         revocations?.attach(self)
     }
 
@@ -93,37 +99,63 @@ public final class PushWorker: Service, Sendable {
 
     public func run() async throws {
         try await withThrowingDiscardingTaskGroup { group in
-            for try await batch in consumer.batches {
-                for record in batch {
-                    // A retry record that is not due yet waits without a slot (its partition
-                    // paused meanwhile): it must not hold up work of other partitions.
-                    if let wait = notDueFor(record) {
-                        group.addTask { await self.processWhenDue(record, waitMilliseconds: wait) }
-                        continue
-                    }
-                    // Decoded before it takes its slots, so that a job counts by its real tokens.
-                    let admission = admit(record)
-                    let weight = admission.weight
-                    await limiter.acquire(weight)
-                    if case .accepted(let job) = admission, job.tokens.count == 1, sender.canSubmit(app: job.appName) {
-                        DirectDelivery(worker: self, job: job, record: record, weight: weight).start()
-                        continue
-                    }
-                    group.addTask {
-                        await self.complete(admission, record: record)
-                        self.limiter.release(weight)
-                    }
-                }
+            group.addTask { await self.runWaitingSteps() }
+            // Direct deliveries are not tasks of the group: they are done when the limiter is
+            // empty (or the wait is cancelled); then the waiting steps' runner may end too.
+            defer { waitingStepsInput.finish() }
+            do {
+                try await consume(into: &group)
+            } catch {
+                await limiter.waitUntilIdle()
+                throw error
             }
             // The batch sequence ends when the consumer stops; the group then waits for the
             // work in flight, which the consumer's drain timeout bounds.
+            await limiter.waitUntilIdle()
         }
-        // Direct deliveries are not tasks of the group: they end when the limiter is empty.
-        await limiter.waitUntilIdle()
         // Stay up until asked to stop, so the service group shuts down in its order (consumer,
         // then this, then the APNs pools and the producer) instead of taking an early return for
         // a failure.
         try? await gracefulShutdown()
+    }
+
+    /// Hands every consumed record to a direct delivery or a task of `group`.
+    private func consume(into group: inout ThrowingDiscardingTaskGroup<any Error>) async throws {
+        for try await batch in consumer.batches {
+            for record in batch {
+                // A retry record that is not due yet waits without a slot (its partition
+                // paused meanwhile): it must not hold up work of other partitions.
+                if let wait = notDueFor(record) {
+                    group.addTask { await self.processWhenDue(record, waitMilliseconds: wait) }
+                    continue
+                }
+                // Decoded before it takes its slots, so that a job counts by its real tokens.
+                let admission = admit(record)
+                let weight = admission.weight
+                await limiter.acquire(weight)
+                if case .accepted(let job) = admission, job.tokens.count == 1, sender.canSubmit(app: job.appName) {
+                    DirectDelivery(worker: self, job: job, record: record, weight: weight).start()
+                    continue
+                }
+                group.addTask {
+                    await self.complete(admission, record: record)
+                    self.limiter.release(weight)
+                }
+            }
+        }
+    }
+
+    private func runWaitingSteps() async {
+        await withDiscardingTaskGroup { steps in
+            for await step in waitingSteps {
+                steps.addTask { await step() }
+            }
+        }
+    }
+
+    /// Runs `step` as a task under `run()`; once `run()` is over, calls `stopped` instead.
+    func continueLater(_ step: @escaping @Sendable () async -> Void, ifStopped stopped: () -> Void) {
+        if case .terminated = waitingStepsInput.yield(step) { stopped() }
     }
 
     private static let tokensMarker = Array(#""tokens""#.utf8)

@@ -50,6 +50,24 @@ struct FlowControlTests {
         #expect(limiter.inUse == 0)
     }
 
+    @Test("waiting for an empty limiter ends when the last slot is released, or when cancelled", .timeLimit(.minutes(1)))
+    func waitUntilIdle() async throws {
+        let limiter = InFlightLimiter(capacity: 10)
+        await limiter.waitUntilIdle()  // nothing in flight: returns at once
+        await limiter.acquire(3)
+        let released = Task { await limiter.waitUntilIdle() }
+        let cancelled = Task { await limiter.waitUntilIdle() }
+        try await Task.sleep(for: .milliseconds(50))
+        // A shutdown that cancels the wait must not hang on work that never finishes.
+        cancelled.cancel()
+        await cancelled.value
+        #expect(limiter.inUse == 3)
+        limiter.release(2)
+        limiter.release(1)
+        await released.value
+        #expect(limiter.inUse == 0)
+    }
+
     @Test("a waiting retry record wakes when due, or at once when its partition is handed back")
     func retryWaits() async {
         let waits = RetryWaits()
