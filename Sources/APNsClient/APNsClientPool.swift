@@ -89,17 +89,8 @@ public final class APNsClientPool: Service, Sendable {
     public func send(_ notification: APNsNotification, deadline: NIODeadline) async -> APNsOutcome {
         var retries = 0
         while true {
-            let connection: APNsConnection
-            switch await lease(deadline: deadline) {
-            case .connection(let leased):
-                connection = leased
-            case .shutdown:
-                return unanswered(.shutdown, "the client is shutting down")
-            case .timeout:
-                return unanswered(.timeout, waitingTimeoutDetail())
-            case .connectionFailed(let detail):
-                return unanswered(.connectionFailed, detail)
-            }
+            let leased = await lease(deadline: deadline)
+            guard case .connection(let connection) = leased else { return unanswered(leased) }
             let outcome = await connection.execute(notification, deadline: deadline)
             if shouldSendAgain(outcome, retries: retries, deadline: deadline) {
                 retries += 1
@@ -146,22 +137,26 @@ public final class APNsClientPool: Service, Sendable {
         case .caller(let continuation):
             continuation.resume(returning: lease)
         case .submitted(let request):
-            let outcome: APNsOutcome
-            switch lease {
-            case .connection(let connection):
+            if case .connection(let connection) = lease {
                 connection.enqueue(request)
                 return
-            case .shutdown: outcome = unanswered(.shutdown, "the client is shutting down")
-            case .timeout: outcome = unanswered(.timeout, waitingTimeoutDetail())
-            case .connectionFailed(let detail): outcome = unanswered(.connectionFailed, detail)
             }
+            let outcome = unanswered(lease)
             group.any().execute { request.deliver(outcome) }
         }
     }
 
-    /// An outcome for a request that never left the client.
-    private func unanswered(_ kind: APNsNotAnswered.Kind, _ detail: String) -> APNsOutcome {
-        let outcome = APNsOutcome.notAnswered(APNsNotAnswered(kind, detail, certainlyNotProcessed: true))
+    /// The outcome for a request that never left the client, given the lease it got instead of
+    /// a connection.
+    private func unanswered(_ lease: Lease) -> APNsOutcome {
+        let why: APNsNotAnswered
+        switch lease {
+        // `.connection` is not passed here (callers send on it); it reads as a shutdown.
+        case .shutdown, .connection: why = APNsNotAnswered(.shutdown, "the client is shutting down", certainlyNotProcessed: true)
+        case .timeout: why = APNsNotAnswered(.timeout, waitingTimeoutDetail(), certainlyNotProcessed: true)
+        case .connectionFailed(let detail): why = APNsNotAnswered(.connectionFailed, detail, certainlyNotProcessed: true)
+        }
+        let outcome = APNsOutcome.notAnswered(why)
         metrics.record(outcome)
         return outcome
     }

@@ -721,13 +721,6 @@ final class APNsConnection: @unchecked Sendable {
     }
 }
 
-extension TimeAmount {
-    init(_ duration: Duration) {
-        let (seconds, attoseconds) = duration.components
-        self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
-    }
-}
-
 // The session's delegate. All calls arrive on the connection's event loop.
 extension APNsConnection: HTTP2SessionDelegate {
     func http2(_ session: HTTP2Session, didBeginHeadersOn stream: Int32) {

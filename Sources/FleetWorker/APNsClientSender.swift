@@ -15,22 +15,20 @@ public struct APNsClientSender: NotificationSender {
 
     public func send(_ notification: OutgoingNotification) async -> SendResult {
         let started = NIODeadline.now()
-        let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: started + timeout)
-        return SendResult(outcome, latencyMs: Self.milliseconds(since: started))
+        let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: started + TimeAmount(requestTimeout))
+        return SendResult(outcome, latencyMs: started.millisecondsUntilNow)
     }
 
     public func canSubmit(app: String) -> Bool { true }
 
     public func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver) {
-        clients.submit(notification.request, app: notification.app, environment: notification.environment, deadline: .now() + timeout, to: receiver)
+        clients.submit(notification.request, app: notification.app, environment: notification.environment, deadline: .now() + TimeAmount(requestTimeout), to: receiver)
     }
+}
 
-    private var timeout: TimeAmount {
-        .nanoseconds(Int64(requestTimeout.components.seconds) * 1_000_000_000 + requestTimeout.components.attoseconds / 1_000_000_000)
-    }
-
-    /// Milliseconds from `start` to now, on the monotonic clock.
-    static func milliseconds(since start: NIODeadline) -> Double {
-        Double(NIODeadline.now().uptimeNanoseconds &- start.uptimeNanoseconds) / 1e6
+extension NIODeadline {
+    /// Milliseconds from this instant to now, on the monotonic clock (a send's latency).
+    var millisecondsUntilNow: Double {
+        Double(NIODeadline.now().uptimeNanoseconds &- uptimeNanoseconds) / 1e6
     }
 }

@@ -21,7 +21,6 @@ import Synchronization
 final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
     private let worker: PushWorker
     private let job: JobInFlight
-    private let token: DeviceToken
     private let record: KafkaRecord
     private let weight: Int
     private let notification: OutgoingNotification
@@ -33,17 +32,16 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
     init(worker: PushWorker, job: JobInFlight, record: KafkaRecord, weight: Int) {
         self.worker = worker
         self.job = job
-        // The caller checked there is exactly one.
-        self.token = job.tokens[0]
         self.record = record
         self.weight = weight
-        self.notification = worker.makeNotification(token: token, of: job)
+        // The caller checked that the job has exactly one token.
+        self.notification = worker.makeNotification(token: job.tokens[0], of: job)
         self.progress = PushWorker.SendProgress(attempts: job.previousAttempts)
     }
 
     /// Sends, unless the job's deadline or expiration already passed.
     func start() {
-        if let finished = worker.finishedBeforeSending(job, token: token, progress: progress) {
+        if let finished = worker.finishedBeforeSending(job, token: notification.token, progress: progress) {
             publish(worker.outcomeMessages([finished], of: job, record: record))
             return
         }
@@ -53,8 +51,8 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
     }
 
     func receive(_ outcome: APNsOutcome, tag: Int) {
-        let sent = SendResult(outcome, latencyMs: Double(NIODeadline.now().uptimeNanoseconds &- sentAt.uptimeNanoseconds) / 1e6)
-        switch worker.afterSending(sent, job: job, token: token, progress: &progress) {
+        let sent = SendResult(outcome, latencyMs: sentAt.millisecondsUntilNow)
+        switch worker.afterSending(sent, job: job, token: notification.token, progress: &progress) {
         case .done(let finished):
             publish(worker.outcomeMessages([finished], of: job, record: record))
         case .retryInProcess(let delay):

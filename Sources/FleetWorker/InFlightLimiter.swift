@@ -36,25 +36,23 @@ final class InFlightLimiter: Sendable {
         let wanted = min(max(count, 1), capacity)
         // Below the bound (the steady state) no continuation is made: suspending and resuming
         // the consume loop once per record cost more than the rest of taking a slot.
-        let taken = state.withLock { state -> Bool in
-            guard state.waiters.isEmpty, state.available >= wanted else { return false }
-            state.available -= wanted
-            changed(&state)
-            return true
-        }
-        if taken { return }
+        if state.withLock({ take(wanted, &$0) }) { return }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let ready = state.withLock { state -> Bool in
-                if state.waiters.isEmpty, state.available >= wanted {
-                    state.available -= wanted
-                    changed(&state)
-                    return true
-                }
+                if take(wanted, &state) { return true }
                 state.waiters.append((wanted, continuation))
                 return false
             }
             if ready { continuation.resume() }
         }
+    }
+
+    /// Under the lock: takes `count` slots if they are free and nobody is queued before.
+    private func take(_ count: Int, _ state: inout State) -> Bool {
+        guard state.waiters.isEmpty, state.available >= count else { return false }
+        state.available -= count
+        changed(&state)
+        return true
     }
 
     func release(_ count: Int) {

@@ -247,7 +247,7 @@ private final class LoadRun: APNsOutcomeReceiver {
     init(pool: APNsClientPool, notification: APNsNotification, timeout: Duration, total: Int, printEach: Bool) {
         self.pool = pool
         self.notification = notification
-        self.timeout = .nanoseconds(Int64(timeout.components.seconds) * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
+        self.timeout = TimeAmount(timeout)
         self.total = total
         self.printEach = printEach
     }
