@@ -3,7 +3,6 @@ import APNsCore
 import KafkaTransport
 import Logging
 import NIOCore
-import Synchronization
 
 /// One job with one token, delivered without a task of its own: the APNs client calls back
 /// with the answer, the result is published from there, and the producer's acknowledgement
@@ -17,8 +16,8 @@ import Synchronization
 ///
 /// Each step runs after the previous one handed over through a lock or a queue (the client's
 /// pending requests, librdkafka's delivery reports), never two at once; so the mutable
-/// `progress` needs no lock of its own.
-final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
+/// `progress` and `message` need no lock of their own.
+final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchecked Sendable {
     private let worker: PushWorker
     private let job: JobInFlight
     private let record: KafkaRecord
@@ -26,8 +25,10 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
     private let notification: OutgoingNotification
     private var progress: PushWorker.SendProgress
     private var sentAt = NIODeadline.uptimeNanoseconds(0)
-    /// The messages being published, acknowledgements still awaited, and those Kafka refused.
-    private let publishing = Mutex<(messages: [KafkaOutgoingMessage], remaining: Int, failed: [KafkaOutgoingMessage])>(([], 0, []))
+    /// The job's one outcome message (a result, or the job for the retry topic), kept until Kafka
+    /// acknowledged it in case it must be published again. Set before it is handed to the
+    /// producer, whose queue orders that before the delivery report reads it.
+    private var message: KafkaOutgoingMessage?
 
     init(worker: PushWorker, job: JobInFlight, record: KafkaRecord, weight: Int) {
         self.worker = worker
@@ -42,7 +43,7 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
     /// Sends, unless the job's deadline or expiration already passed.
     func start() {
         if let finished = worker.finishedBeforeSending(job, token: notification.token, progress: progress) {
-            publish(worker.outcomeMessages([finished], of: job, record: record))
+            publish(worker.outcomeMessage(finished, of: job, record: record))
             return
         }
         progress.attempts += 1
@@ -54,7 +55,7 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
         let sent = SendResult(outcome, latencyMs: sentAt.millisecondsUntilNow)
         switch worker.afterSending(sent, job: job, token: notification.token, progress: &progress) {
         case .done(let finished):
-            publish(worker.outcomeMessages([finished], of: job, record: record))
+            publish(worker.outcomeMessage(finished, of: job, record: record))
         case .retryInProcess(let delay):
             // Only this device waits (a 429, a 503, a lost connection); rare, so a task is fine.
             worker.continueLater({
@@ -64,41 +65,24 @@ final class DirectDelivery: APNsOutcomeReceiver, @unchecked Sendable {
         }
     }
 
-    private func publish(_ messages: [KafkaOutgoingMessage]) {
-        publishing.withLock { $0 = (messages, messages.count, []) }
-        for index in messages.indices {
-            do throws(KafkaError) {
-                // The callback captures an index, not the message: a smaller context per message.
-                try worker.publisher.producer.send(messages[index]) { result in self.acknowledged(index, result) }
-            } catch {
-                // Refused locally (a full queue, say): published again below, with backoff.
-                acknowledged(index, .failure(error))
-            }
+    private func publish(_ message: KafkaOutgoingMessage) {
+        self.message = message
+        do throws(KafkaError) {
+            try worker.publisher.producer.send(message, reportingTo: self)
+        } catch {
+            // Refused locally (a full queue, say): published again below, with backoff.
+            kafkaDelivered(.failure(error))
         }
     }
 
-    private func acknowledged(_ index: Int, _ result: Result<KafkaDeliveryReport, KafkaError>) {
-        let (failed, topic) = publishing.withLock { state -> ([KafkaOutgoingMessage]?, String?) in
-            var topic: String?
-            if case .failure = result {
-                topic = state.messages[index].topic
-                state.failed.append(state.messages[index])
-            }
-            state.remaining -= 1
-            return (state.remaining == 0 ? state.failed : nil, topic)
-        }
-        if let topic, case .failure(let error) = result {
-            worker.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(topic)", "error": "\(error)"])
-        }
-        guard let failed else { return }
-        if failed.isEmpty {
-            finish()
-            return
-        }
+    override func kafkaDelivered(_ result: Result<KafkaDeliveryReport, KafkaError>) {
+        guard case .failure(let error) = result else { return finish() }
+        guard let message else { return abandon() }
+        worker.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"])
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and
             // is redone after its partition moves (duplicates allowed, losses not).
-            if await self.worker.publisher.publish(failed) {
+            if await self.worker.publisher.publish([message]) {
                 self.finish()
             } else {
                 self.abandon()

@@ -286,7 +286,6 @@ public final class PushWorker: Service, Sendable {
             topic: configuration.fleet.topics.deadLetter, key: record.key,
             value: rejected.deadLetterValue, headers: rejected.deadLetterHeaders
         ))
-        count(results: rejected.results)
         return messages
     }
 
@@ -316,13 +315,11 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     func outcomeMessages(_ outcomes: [TokenOutcome], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         var messages: [KafkaOutgoingMessage] = []
-        var results: [NotificationResult] = []
         var retryTokens: [DeviceToken] = []
         var retryHeaders: RetryHeaders?
         for outcome in outcomes {
             switch outcome {
             case .finished(let result):
-                results.append(result)
                 messages.append(resultMessage(result))
             case .later(let token, let headers):
                 retryTokens.append(token)
@@ -333,16 +330,29 @@ public final class PushWorker: Service, Sendable {
             }
         }
         if let retryHeaders {
-            var headers = retryHeaders.applied(to: record.headers.filter {
-                $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
-            })
-            headers.append(RecordHeader(RetryHeaders.jobIDKey, job.jobID))
-            headers.append(RecordHeader(JobIntake.retryTokensKey, retryTokens.map(\.hex).joined(separator: ",")))
-            messages.append(KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: headers))
-            Counter(label: "apns.worker.retries.scheduled", dimensions: [("app", job.appName)]).increment(by: retryTokens.count)
+            messages.append(retryMessage(tokens: retryTokens, headers: retryHeaders, of: job, record: record))
         }
-        count(results: results)
         return messages
+    }
+
+    /// The one message of a one-token job's outcome (a direct delivery's): what
+    /// ``outcomeMessages(_:of:record:)`` gives for `[outcome]`, without the arrays.
+    func outcomeMessage(_ outcome: TokenOutcome, of job: JobInFlight, record: KafkaRecord) -> KafkaOutgoingMessage {
+        switch outcome {
+        case .finished(let result): resultMessage(result)
+        case .later(let token, let headers): retryMessage(tokens: [token], headers: headers, of: job, record: record)
+        }
+    }
+
+    /// The job again, for `apns.jobs.retry`: the tokens still to send and when.
+    private func retryMessage(tokens: [DeviceToken], headers retry: RetryHeaders, of job: JobInFlight, record: KafkaRecord) -> KafkaOutgoingMessage {
+        var headers = retry.applied(to: record.headers.filter {
+            $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
+        })
+        headers.append(RecordHeader(RetryHeaders.jobIDKey, job.jobID))
+        headers.append(RecordHeader(JobIntake.retryTokensKey, tokens.map(\.hex).joined(separator: ",")))
+        Counter(label: "apns.worker.retries.scheduled", dimensions: [("app", job.appName)]).increment(by: tokens.count)
+        return KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: headers)
     }
 
     /// Indirect: a result is a few hundred bytes, and outcomes sit in async frames.
@@ -465,14 +475,10 @@ public final class PushWorker: Service, Sendable {
         )
     }
 
+    /// A result for `apns.results`, counted as it is made (every result is published).
     private func resultMessage(_ result: NotificationResult) -> KafkaOutgoingMessage {
-        KafkaOutgoingMessage(topic: configuration.fleet.topics.results, key: Array(result.token.utf8), value: result.encoded())
-    }
-
-    private func count(results: [NotificationResult]) {
-        for result in results {
-            outcomeCounters.counter(for: result).increment()
-        }
+        outcomeCounters.counter(for: result).increment()
+        return KafkaOutgoingMessage(topic: configuration.fleet.topics.results, key: Array(result.token.utf8), value: result.encoded())
     }
 
     /// Publishes and waits for every acknowledgement; false only when cancelled first (see

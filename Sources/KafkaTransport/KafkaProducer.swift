@@ -34,8 +34,8 @@ public final class KafkaProducer: Service, Sendable {
         ) { conf in
             rd_kafka_conf_set_dr_msg_cb(conf) { rk, message, _ in
                 guard let message, let opaque = message.pointee._private else { return }
-                let handler = Unmanaged<DeliveryHandler>.fromOpaque(opaque).takeRetainedValue()
-                handler.complete(message.pointee, context: ClientContext.from(rk))
+                let recipient = Unmanaged<KafkaDeliveryRecipient>.fromOpaque(opaque).takeRetainedValue()
+                recipient.complete(message.pointee, context: ClientContext.from(rk))
             }
         }
         self.core = ProducerCore(handle: handle, logger: logger)
@@ -95,6 +95,14 @@ public final class KafkaProducer: Service, Sendable {
         if let error = core.enqueue(message, handler: handler) { throw error }
     }
 
+    /// Enqueues one message whose delivery report goes to `recipient`'s
+    /// ``KafkaDeliveryRecipient/kafkaDelivered(_:)``, exactly once, on the polling thread.
+    /// Unlike ``send(_:onDelivery:)`` it allocates nothing per message: librdkafka carries the
+    /// recipient itself. Throws (and never reports) when librdkafka refuses the message.
+    public func send(_ message: KafkaOutgoingMessage, reportingTo recipient: KafkaDeliveryRecipient) throws(KafkaError) {
+        if let error = core.enqueue(message, handler: recipient) { throw error }
+    }
+
     /// Like ``send(_:onDelivery:)``, but while the local queue is full it waits (polling every
     /// `retryInterval`) instead of failing: back-pressure for a sender that has nothing better to
     /// do. Other errors, and cancellation while waiting, are thrown.
@@ -152,13 +160,47 @@ public final class KafkaProducer: Service, Sendable {
     }
 }
 
-/// Resumes one `send` when its delivery report arrives. Passed to librdkafka retained, as the
-/// message's opaque, and released by the delivery-report callback.
+/// Receives the delivery reports of messages sent with ``KafkaProducer/send(_:reportingTo:)``.
+///
+/// Subclass it to take reports without an allocation per message: librdkafka carries the
+/// recipient (retained) as each message's opaque, and the delivery-report callback releases it.
+/// Subclasses that change state in ``kafkaDelivered(_:)`` must make that safe themselves: it
+/// runs on the producer's polling thread.
 ///
 /// It holds no reference to the client's context: the callback finds that through the handle
 /// (unretained), so producing and reporting do not both touch one shared reference count for
 /// every message.
-final class DeliveryHandler: Sendable {
+open class KafkaDeliveryRecipient: @unchecked Sendable {
+    public init() {}
+
+    /// One message's outcome, called once per message sent to this recipient. Keep it short.
+    open func kafkaDelivered(_ result: Result<KafkaDeliveryReport, KafkaError>) {}
+
+    /// The topic of a reported message (`topic` is the topic handle librdkafka reports).
+    func topicName(_ topic: OpaquePointer?) -> String {
+        guard let topic, let name = rd_kafka_topic_name(topic) else { return "" }
+        return String(cString: name)
+    }
+
+    final func complete(_ message: rd_kafka_message_t, context: ClientContext?) {
+        let topic = topicName(message.rkt)
+        if message.err == RD_KAFKA_RESP_ERR_NO_ERROR {
+            context?.delivered.increment()
+            kafkaDelivered(.success(KafkaDeliveryReport(topic: topic, partition: message.partition, offset: message.offset)))
+        } else {
+            context?.deliveryFailed.increment()
+            kafkaDelivered(.failure(KafkaError(
+                code: .delivery,
+                message: "delivery to \(topic) failed",
+                rdKafka: message.err
+            )))
+        }
+    }
+}
+
+/// Calls a closure with one message's delivery report (``KafkaProducer/send(_:onDelivery:)`` and
+/// the awaiting ``KafkaProducer/send(_:)``).
+final class DeliveryHandler: KafkaDeliveryRecipient, @unchecked Sendable {
     let topic: String
     let callback: @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
 
@@ -167,18 +209,10 @@ final class DeliveryHandler: Sendable {
         self.callback = callback
     }
 
-    func complete(_ message: rd_kafka_message_t, context: ClientContext?) {
-        if message.err == RD_KAFKA_RESP_ERR_NO_ERROR {
-            context?.delivered.increment()
-            callback(.success(KafkaDeliveryReport(topic: topic, partition: message.partition, offset: message.offset)))
-        } else {
-            context?.deliveryFailed.increment()
-            callback(.failure(KafkaError(
-                code: .delivery,
-                message: "delivery to \(topic) failed",
-                rdKafka: message.err
-            )))
-        }
+    override func topicName(_ topic: OpaquePointer?) -> String { self.topic }
+
+    override func kafkaDelivered(_ result: Result<KafkaDeliveryReport, KafkaError>) {
+        callback(result)
     }
 }
 
@@ -249,7 +283,7 @@ final class ProducerCore: Sendable {
 
     /// Hands the message to librdkafka. On success the handler is owned by librdkafka until its
     /// delivery report; on failure it is released and the error returned.
-    func enqueue(_ message: KafkaOutgoingMessage, handler: DeliveryHandler) -> KafkaError? {
+    func enqueue(_ message: KafkaOutgoingMessage, handler: KafkaDeliveryRecipient) -> KafkaError? {
         if closing.load(ordering: .acquiring) {
             return KafkaError(code: .closed, message: "the producer is shut down")
         }
@@ -279,7 +313,7 @@ final class ProducerCore: Sendable {
         }
         guard let error else { return nil }
         // Not enqueued: librdkafka owns neither the opaque nor the headers.
-        Unmanaged<DeliveryHandler>.fromOpaque(opaque).release()
+        Unmanaged<KafkaDeliveryRecipient>.fromOpaque(opaque).release()
         if let headers { rd_kafka_headers_destroy(headers) }
         let code = rd_kafka_error_code(error)
         if code == RD_KAFKA_RESP_ERR__QUEUE_FULL {
