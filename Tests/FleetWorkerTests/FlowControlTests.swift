@@ -50,6 +50,23 @@ struct FlowControlTests {
         #expect(limiter.inUse == 0)
     }
 
+    @Test("at the bound, a waiting acquire wakes once a batch of slots is free, not for each one", .timeLimit(.minutes(1)))
+    func limiterWakesInBatches() async throws {
+        let limiter = InFlightLimiter(capacity: 64)
+        #expect(limiter.wakeBatch == 4)
+        await limiter.acquire(64)
+        let waiter = Task { await limiter.acquire(1) }
+        try await Task.sleep(for: .milliseconds(20))
+        for _ in 0..<3 { limiter.release(1) }
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(limiter.inUse == 61, "3 free slots must not wake the waiter (it would take one: 62)")
+        limiter.release(1)
+        await waiter.value
+        #expect(limiter.inUse == 61)
+        limiter.release(61)
+        #expect(limiter.inUse == 0)
+    }
+
     @Test("waiting for an empty limiter ends when the last slot is released, or when cancelled", .timeLimit(.minutes(1)))
     func waitUntilIdle() async throws {
         let limiter = InFlightLimiter(capacity: 10)
