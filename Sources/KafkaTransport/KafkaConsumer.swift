@@ -644,10 +644,25 @@ final class ConsumerCore: @unchecked Sendable {
         if !toResume.isEmpty {
             let list = TopicPartitionList(toResume)
             rd_kafka_resume_partitions(rk, list.pointer)
+            wakeFetchers(rk, resumed: toResume)
             logger.debug("resumed partitions", metadata: ["kafka.partitions": "\(toResume.map(\.description).sorted())"])
         }
         rdPaused = desired
         locked { appliedPauses = desired }
+    }
+
+    /// Makes the broker threads of resumed partitions fetch now rather than in up to a second.
+    ///
+    /// librdkafka 2.0.2 serves pause and resume on its main thread, without waking the broker
+    /// thread. A broker thread whose partitions were all paused sleeps up to 1 s before it looks
+    /// again, so every resume left the worker without records for about half a second (the
+    /// benchmark's worker idled half of the time at its in-flight bound). A request to a broker
+    /// wakes its thread: `rd_kafka_offsets_for_times` sends one ListOffsets per partition leader.
+    /// Its answer is not needed, so the call does not wait for it (librdkafka drops late answers).
+    private func wakeFetchers(_ rk: OpaquePointer, resumed: Set<TopicPartition>) {
+        let list = TopicPartitionList(capacity: resumed.count)
+        for partition in resumed { list.add(partition, offset: -1) }  // -1: the latest offset
+        _ = rd_kafka_offsets_for_times(rk, list.pointer, 1)
     }
 
     private func storeOffsets(_ rk: OpaquePointer, _ offsets: [(TopicPartition, Int64)]) {
