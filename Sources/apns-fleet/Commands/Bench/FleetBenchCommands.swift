@@ -27,7 +27,7 @@ struct FleetBenchOptions: ParsableArguments {
 
     @Option(
         name: .customLong("worker-set"),
-        help: "A setting for every worker, as its --set takes it (repeatable), e.g. --worker-set 'kafka.properties=[queued.max.messages.kbytes=4096]'."
+        help: "A setting for every worker, as its --set takes it (repeatable), e.g. --worker-set 'kafka.properties=queued.max.messages.kbytes=4096,linger.ms=20' (a list is comma-separated)."
     )
     var workerSet: [String] = []
 
