@@ -32,6 +32,8 @@ public final class RunTally: Sendable {
         public var toAPNsLatenciesMs: [Double] = []
         public var firstResultAt: Int64?
         public var lastResultAt: Int64?
+        /// Each counted result's `sent_at` (the worker's clock), in the order they were read.
+        public var resultTimesMs: [Int64] = []
 
         public var isComplete: Bool { jobsComplete == jobsRegistered && notificationsSeen >= notificationsExpected }
     }
@@ -120,6 +122,7 @@ public final class RunTally: Sendable {
         }
         state.answered[jobID, default: []].insert(result.token)
         state.snapshot.notificationsSeen += 1
+        state.snapshot.resultTimesMs.append(result.sentAt.value)
         let actual = describe(result)
         state.snapshot.outcomes[actual, default: 0] += 1
         if actual != expected {

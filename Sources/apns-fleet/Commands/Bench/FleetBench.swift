@@ -96,13 +96,13 @@ struct FleetBench {
             // Mark the end of warm-up, then the end of the run.
             let started = ContinuousClock.now
             let hostAtStart = HostCPUTimes.now()
-            var warm: (time: ContinuousClock.Instant, seen: Int, jobs: Int, latencies: Int, toAPNs: Int)?
+            var warm: (seen: Int, latencies: Int, toAPNs: Int)?
             var expected = 0
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
                 if warm == nil, snapshot.notificationsSeen >= settings.warmup {
-                    warm = (.now, snapshot.notificationsSeen, snapshot.jobsComplete, snapshot.latenciesMs.count, snapshot.toAPNsLatenciesMs.count)
+                    warm = (snapshot.notificationsSeen, snapshot.latenciesMs.count, snapshot.toAPNsLatenciesMs.count)
                 }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
@@ -113,7 +113,6 @@ struct FleetBench {
                 }
                 try await Task.sleep(for: .milliseconds(20))
             }
-            let end = ContinuousClock.now
             let usages = fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid) }
             let snapshot = tally.snapshot
             reader.close()
@@ -121,8 +120,13 @@ struct FleetBench {
             group.cancelAll()
 
             guard let warm else { throw UsageError("the run ended before warm-up did; raise --jobs or lower --warmup") }
-            let seconds = (end - warm.time).seconds
-            let measured = snapshot.notificationsSeen - warm.seen
+            // Rates come from the results' own `sent_at`, from the warm-up-th result to the last.
+            // The reader lags the workers by up to seconds and catches up in bursts at the end, so
+            // a window of what it read overstated the rate as soon as the workers got fast.
+            let times = snapshot.resultTimesMs.sorted()
+            let first = times.isEmpty ? 0 : times[min(warm.seen, times.count - 1)]
+            let seconds = Double((times.last ?? first) - first) / 1000
+            let measured = max(0, times.count - 1 - warm.seen)
             let cpu = zip(usages, cpuAtStart).reduce(0.0) { $0 + (($1.0?.cpuSeconds ?? $1.1) - $1.1) }
             let latencies = Array(snapshot.latenciesMs.dropFirst(warm.latencies)).sorted()
             var record = BenchRecord()
@@ -135,7 +139,8 @@ struct FleetBench {
             record.set("notifications", measured)
             record.set("seconds", seconds, decimals: 2)
             record.set("notifications_per_second", Double(measured) / max(seconds, 1e-9), decimals: 0)
-            record.set("jobs_per_second", Double(snapshot.jobsComplete - warm.jobs) / max(seconds, 1e-9), decimals: 0)
+            // Jobs in proportion to their notifications (the same for one-token jobs).
+            record.set("jobs_per_second", Double(measured) * Double(snapshot.jobsComplete) / Double(max(1, snapshot.notificationsSeen)) / max(seconds, 1e-9), decimals: 0)
             record.set("per_worker_notifications_per_second", Double(measured) / max(seconds, 1e-9) / Double(settings.workers), decimals: 0)
             record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(snapshot.notificationsSeen, 1)), decimals: 2)
             record.set("p50_ms", Percentiles.value(0.5, of: latencies) ?? 0, decimals: 1)
