@@ -77,6 +77,8 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
 
     override func kafkaDelivered(_ result: Result<KafkaDeliveryReport, KafkaError>) {
         guard case .failure(let error) = result else { return finish() }
+        // Set before every send; without it there is nothing to publish again, and the slot at
+        // least goes back.
         guard let message else { return abandon() }
         worker.logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"])
         worker.continueLater({

@@ -3,7 +3,9 @@ import Metrics
 import Synchronization
 
 /// Bounds the notifications a worker has in flight. `acquire` suspends while the bound is
-/// reached, which stops the consume loop from pulling more records.
+/// reached, which stops the consume loop from pulling more records; once queued, it waits for
+/// `wakeBatch` free slots (or what it asked for, if more), so that the loop is not woken for every
+/// slot freed.
 ///
 /// Before that, crossing the high watermark calls `onPressure(.pause)` (the worker pauses its
 /// partitions, so the consumer stops fetching rather than filling its buffer), and falling to
@@ -103,6 +105,9 @@ final class InFlightLimiter: Sendable {
     }
 
     var inUse: Int { state.withLock { capacity - $0.available } }
+
+    /// Acquires waiting for slots.
+    var queuedAcquires: Int { state.withLock { $0.waiters.count } }
 
     /// Under the lock: publish the count and run the watermark check.
     private func changed(_ state: inout State) {

@@ -475,7 +475,7 @@ public final class PushWorker: Service, Sendable {
         )
     }
 
-    /// A result for `apns.results`, counted as it is made (every result is published).
+    /// A result for `apns.results`, counted as it is made.
     private func resultMessage(_ result: NotificationResult) -> KafkaOutgoingMessage {
         outcomeCounters.counter(for: result).increment()
         return KafkaOutgoingMessage(topic: configuration.fleet.topics.results, key: Array(result.token.utf8), value: result.encoded())

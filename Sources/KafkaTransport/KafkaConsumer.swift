@@ -657,12 +657,16 @@ final class ConsumerCore: @unchecked Sendable {
     /// thread. A broker thread whose partitions were all paused sleeps up to 1 s before it looks
     /// again, so every resume left the worker without records for about half a second (the
     /// benchmark's worker idled half of the time at its in-flight bound). A request to a broker
-    /// wakes its thread: `rd_kafka_offsets_for_times` sends one ListOffsets per partition leader.
-    /// Its answer is not needed, so the call does not wait for it (librdkafka drops late answers).
+    /// wakes its thread: `rd_kafka_offsets_for_times` sends one ListOffsets per partition leader
+    /// (the leader's thread is the one that fetches, as no rack-aware follower fetching is set up).
+    /// Its answer is not needed: the call waits 1 ms at most, and librdkafka drops later answers.
     private func wakeFetchers(_ rk: OpaquePointer, resumed: Set<TopicPartition>) {
         let list = TopicPartitionList(capacity: resumed.count)
         for partition in resumed { list.add(partition, offset: -1) }  // -1: the latest offset
-        _ = rd_kafka_offsets_for_times(rk, list.pointer, 1)
+        let error = rd_kafka_offsets_for_times(rk, list.pointer, 1)
+        if error != RD_KAFKA_RESP_ERR_NO_ERROR, error != RD_KAFKA_RESP_ERR__TIMED_OUT {
+            logger.debug("could not wake the fetchers after a resume", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
+        }
     }
 
     private func storeOffsets(_ rk: OpaquePointer, _ offsets: [(TopicPartition, Int64)]) {

@@ -97,8 +97,10 @@ public final class KafkaProducer: Service, Sendable {
 
     /// Enqueues one message whose delivery report goes to `recipient`'s
     /// ``KafkaDeliveryRecipient/kafkaDelivered(_:)``, exactly once, on the polling thread.
-    /// Unlike ``send(_:onDelivery:)`` it allocates nothing per message: librdkafka carries the
-    /// recipient itself. Throws (and never reports) when librdkafka refuses the message.
+    /// Unlike ``send(_:onDelivery:)`` it makes no handler or closure per message: librdkafka
+    /// carries the recipient itself. Throws (and never reports) when librdkafka refuses the
+    /// message. Messages still queued when the producer stops without draining (see
+    /// ``shutdown(flushTimeout:)``) are reported as failed.
     public func send(_ message: KafkaOutgoingMessage, reportingTo recipient: KafkaDeliveryRecipient) throws(KafkaError) {
         if let error = core.enqueue(message, handler: recipient) { throw error }
     }
@@ -162,10 +164,10 @@ public final class KafkaProducer: Service, Sendable {
 
 /// Receives the delivery reports of messages sent with ``KafkaProducer/send(_:reportingTo:)``.
 ///
-/// Subclass it to take reports without an allocation per message: librdkafka carries the
+/// Subclass it to take reports without a handler or closure per message: librdkafka carries the
 /// recipient (retained) as each message's opaque, and the delivery-report callback releases it.
-/// Subclasses that change state in ``kafkaDelivered(_:)`` must make that safe themselves: it
-/// runs on the producer's polling thread.
+/// Subclasses are treated as `Sendable` without the compiler's checks: they must be thread-safe
+/// themselves, as ``kafkaDelivered(_:)`` runs on the producer's polling thread.
 ///
 /// It holds no reference to the client's context: the callback finds that through the handle
 /// (unretained), so producing and reporting do not both touch one shared reference count for

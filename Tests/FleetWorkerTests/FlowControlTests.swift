@@ -56,7 +56,7 @@ struct FlowControlTests {
         #expect(limiter.wakeBatch == 4)
         await limiter.acquire(64)
         let waiter = Task { await limiter.acquire(1) }
-        try await Task.sleep(for: .milliseconds(20))
+        while limiter.queuedAcquires == 0 { try await Task.sleep(for: .milliseconds(5)) }
         for _ in 0..<3 { limiter.release(1) }
         try await Task.sleep(for: .milliseconds(50))
         #expect(limiter.inUse == 61, "3 free slots must not wake the waiter (it would take one: 62)")

@@ -306,6 +306,36 @@ struct KafkaMockClusterTests {
         #expect(closed?.code == .closed)
     }
 
+    @Test("a delivery recipient hears once per message, is let go afterwards, and never hears of a refused message")
+    func deliveryRecipientReportsAndRelease() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        let topic = "recipient-results-topic"  // longer than a small string: its name is built per report
+        try cluster.createTopic(topic, partitions: 1)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let watch = WeakReference()
+        do {
+            let recipient = RecordingRecipient()
+            watch.object = recipient
+            for index in 0..<3 {
+                try producer.send(KafkaOutgoingMessage(topic: topic, value: "m\(index)".bytes), reportingTo: recipient)
+            }
+            try await waitUntil("three delivery reports") { recipient.reports.count == 3 }
+            let reports = recipient.reports.compactMap { try? $0.get() }
+            #expect(reports.map(\.offset) == [0, 1, 2])
+            #expect(reports.allSatisfy { $0.topic == topic })
+        }
+        // librdkafka held one reference per message, and gave each back with its report.
+        try await waitUntil("the recipient released") { watch.object == nil }
+
+        await producer.shutdown(flushTimeout: .seconds(5))
+        let late = RecordingRecipient()
+        let refused = #expect(throws: KafkaError.self) {
+            try producer.send(KafkaOutgoingMessage(topic: topic, value: "too late".bytes), reportingTo: late)
+        }
+        #expect(refused?.code == .closed)
+        #expect(late.reports.isEmpty)
+    }
+
     @Test func producerSurfacesATimeoutWhileTheBrokerIsDown() async throws {
         let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
         try cluster.createTopic("timeout", partitions: 1)

@@ -103,3 +103,25 @@ extension String {
 }
 
 /// A value shared between tasks.
+
+/// Keeps what a producer reported to it.
+final class RecordingRecipient: KafkaDeliveryRecipient, @unchecked Sendable {
+    private let state = Mutex<[Result<KafkaDeliveryReport, KafkaError>]>([])
+
+    override func kafkaDelivered(_ result: Result<KafkaDeliveryReport, KafkaError>) {
+        state.withLock { $0.append(result) }
+    }
+
+    var reports: [Result<KafkaDeliveryReport, KafkaError>] { state.withLock { $0 } }
+}
+
+/// Watches whether an object is still alive.
+final class WeakReference: @unchecked Sendable {
+    private let lock = NSLock()
+    private weak var stored: AnyObject?
+
+    var object: AnyObject? {
+        get { lock.withLock { stored } }
+        set { lock.withLock { stored = newValue } }
+    }
+}

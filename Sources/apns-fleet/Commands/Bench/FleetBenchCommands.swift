@@ -27,7 +27,7 @@ struct FleetBenchOptions: ParsableArguments {
 
     @Option(
         name: .customLong("worker-set"),
-        help: "A setting for every worker, as its --set takes it (repeatable), e.g. --worker-set 'kafka.properties=queued.max.messages.kbytes=4096,linger.ms=20' (a list is comma-separated)."
+        help: "A setting for every worker, as its --set takes it (repeatable). A list is comma-separated and replaces the configured one, so keep the benchmark's own properties, e.g. --worker-set 'kafka.properties=session.timeout.ms=6000,fetch.wait.max.ms=10,linger.ms=20'."
     )
     var workerSet: [String] = []
 
