@@ -326,11 +326,11 @@ final class APNsConnection: @unchecked Sendable {
             finish(request, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
             return
         }
-        let notification = request.notification
+        // Fields are read in place: a copy of the notification would retain and release each.
         requestHeaders.removeAll()
         requestHeaders.append(":method", "POST")
         requestHeaders.append(":scheme", "https")
-        requestHeaders.append(":path", prefix: "/3/device/", notification.deviceToken, neverIndex: true)
+        requestHeaders.append(":path", prefix: "/3/device/", request.notification.deviceToken, neverIndex: true)
         requestHeaders.append(":authority", authority)
         if case .token(let signer) = configuration.authentication {
             guard let authorization = currentAuthorization(signer) else {
@@ -341,22 +341,22 @@ final class APNsConnection: @unchecked Sendable {
         }
         // Unique per notification: indexing it would only evict useful entries (and cost both
         // ends an insertion) on every request.
-        if let apnsID = notification.apnsID { requestHeaders.append("apns-id", apnsID, neverIndex: true) }
-        if let expiration = notification.expiration { requestHeaders.append("apns-expiration", decimal: expiration) }
-        if let priority = notification.priority {
+        if let apnsID = request.notification.apnsID { requestHeaders.append("apns-id", apnsID, neverIndex: true) }
+        if let expiration = request.notification.expiration { requestHeaders.append("apns-expiration", decimal: expiration) }
+        if let priority = request.notification.priority {
             switch priority {
             case .immediate: requestHeaders.append("apns-priority", "10" as StaticString)
             case .powerConsiderate: requestHeaders.append("apns-priority", "5" as StaticString)
             case .low: requestHeaders.append("apns-priority", "1" as StaticString)
             }
         }
-        if let topic = notification.topic { requestHeaders.append("apns-topic", topic) }
-        if let collapseID = notification.collapseID { requestHeaders.append("apns-collapse-id", collapseID) }
-        if let pushType = notification.pushType { requestHeaders.append("apns-push-type", pushType.rawValue) }
+        if let topic = request.notification.topic { requestHeaders.append("apns-topic", topic) }
+        if let collapseID = request.notification.collapseID { requestHeaders.append("apns-collapse-id", collapseID) }
+        if let pushType = request.notification.pushType { requestHeaders.append("apns-push-type", pushType.rawValue) }
 
         do {
             // The payload goes into DATA frames straight from the notification's bytes.
-            let stream = try session.submitRequest(requestHeaders, body: notification.payload.bytes)
+            let stream = try session.submitRequest(requestHeaders, body: request.notification.payload.bytes)
             streams.insert(InFlight(request, sentAt: now), for: stream)
         } catch {
             finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
