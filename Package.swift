@@ -254,7 +254,7 @@ let package = Package(
         // Helpers for suites that start real processes and servers (bounded waits, child processes).
         .target(
             name: "FleetTestSupport",
-            dependencies: [],
+            dependencies: ["FleetLoad"],
             swiftSettings: strictSettings
         ),
 

@@ -1,5 +1,6 @@
 import APNsClient
 import APNsCore
+import CoreMetrics
 import KafkaTransport
 import Logging
 import NIOCore
@@ -52,7 +53,11 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
     }
 
     func receive(_ outcome: APNsOutcome, tag: Int) {
-        let sent = SendResult(outcome, latencyMs: sentAt.millisecondsUntilNow)
+        let now = NIODeadline.now()
+        if progress.attempts == job.previousAttempts + 1, case .answered(let response) = outcome {
+            recordAddedLatency(answeredAt: now, response: response)
+        }
+        let sent = SendResult(outcome, latencyMs: Double(now.uptimeNanoseconds &- sentAt.uptimeNanoseconds) / 1e6)
         switch worker.afterSending(sent, job: job, token: notification.token, progress: &progress) {
         case .done(let finished):
             publish(worker.outcomeMessage(finished, of: job, record: record))
@@ -63,6 +68,16 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
                 self.start()
             }, ifStopped: abandon)
         }
+    }
+
+    /// The answer's latency runs from its HEADERS going to the session, so that moment is the
+    /// answer's arrival minus it.
+    private func recordAddedLatency(answeredAt: NIODeadline, response: APNsResponse) {
+        let polledAt = record.polledAtUptimeNanoseconds
+        guard polledAt > 0 else { return }
+        let (seconds, attoseconds) = response.latency.components
+        let onTheWire = Int64(answeredAt.uptimeNanoseconds) - (seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+        worker.addedLatency.recordNanoseconds(max(0, onTheWire - Int64(polledAt)))
     }
 
     private func publish(_ message: KafkaOutgoingMessage) {

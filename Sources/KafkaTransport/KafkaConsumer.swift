@@ -1,5 +1,6 @@
 import APNsCore
 import CRdKafka
+import Dispatch
 import Foundation
 import Logging
 import Metrics
@@ -495,11 +496,14 @@ final class ConsumerCore: @unchecked Sendable {
 
             // While paused for back-pressure, poll briefly: only to serve rebalances and events.
             var timeout = internallyPaused ? Int32(10) : pollMilliseconds
+            var polledAt: UInt64 = 0
             while batch.count < configuration.maxBatchSize {
                 guard let message = rd_kafka_consumer_poll(rk, timeout) else { break }
+                // One clock read per burst: the rest of it comes back within microseconds.
+                if timeout != 0 { polledAt = DispatchTime.now().uptimeNanoseconds }
                 timeout = 0
                 if message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR {
-                    batch.append(record(from: message))
+                    batch.append(record(from: message, polledAt: polledAt))
                 } else {
                     consumerError(message.pointee)
                 }
@@ -563,7 +567,7 @@ final class ConsumerCore: @unchecked Sendable {
         if let (continuation, ready) = resumption { continuation.resume(returning: ready) }
     }
 
-    private func record(from message: UnsafeMutablePointer<rd_kafka_message_t>) -> KafkaRecord {
+    private func record(from message: UnsafeMutablePointer<rd_kafka_message_t>, polledAt: UInt64) -> KafkaRecord {
         let m = message.pointee
         let topic = topicName(m.rkt)
         let epoch: UInt64
@@ -598,7 +602,8 @@ final class ConsumerCore: @unchecked Sendable {
             value: value,
             headers: headers,
             timestamp: timestamp >= 0 ? timestamp : nil,
-            assignmentEpoch: epoch
+            assignmentEpoch: epoch,
+            polledAtUptimeNanoseconds: polledAt
         )
     }
 

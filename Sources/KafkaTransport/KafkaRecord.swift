@@ -12,6 +12,10 @@ public struct KafkaRecord: Sendable {
     public var timestamp: Int64?
     /// Which assignment of the partition this record was consumed under.
     public let assignmentEpoch: UInt64
+    /// When the consumer took the record from librdkafka, in nanoseconds of the monotonic clock
+    /// (`DispatchTime`'s, which is also NIO's); 0 when unknown. The start of the latency the
+    /// worker adds.
+    public let polledAtUptimeNanoseconds: UInt64
 
     public init(
         topic: String,
@@ -21,7 +25,8 @@ public struct KafkaRecord: Sendable {
         value: [UInt8],
         headers: [RecordHeader],
         timestamp: Int64?,
-        assignmentEpoch: UInt64
+        assignmentEpoch: UInt64,
+        polledAtUptimeNanoseconds: UInt64 = 0
     ) {
         self.topic = topic
         self.partition = partition
@@ -31,6 +36,7 @@ public struct KafkaRecord: Sendable {
         self.headers = headers
         self.timestamp = timestamp
         self.assignmentEpoch = assignmentEpoch
+        self.polledAtUptimeNanoseconds = polledAtUptimeNanoseconds
     }
 
     public var topicPartition: TopicPartition { TopicPartition(topic: topic, partition: partition) }

@@ -31,6 +31,8 @@ struct LocalFleet {
     let generator: JobGenerator
     let logDirectory: String
     let metricsURLs: [String]
+    /// Admin (metrics) port of each push worker, in `pushWorkers` order.
+    let pushWorkerAdminPorts: [Int]
     /// Every process, in start order.
     let processes: [SpawnedProcess]
     let pushWorkers: [SpawnedProcess]
@@ -95,6 +97,7 @@ struct LocalFleet {
             // Push workers in one consumer group, and the feedback worker.
             var pushWorkers: [SpawnedProcess] = []
             var metricsURLs: [String] = []
+            var adminPorts: [Int] = []
             let extra = options.workerSettings.flatMap { ["--set", $0] }
             for index in 0..<options.workers {
                 let port = options.metricsPort + index
@@ -105,6 +108,7 @@ struct LocalFleet {
                 )
                 processes.append(worker)
                 pushWorkers.append(worker)
+                adminPorts.append(port)
                 metricsURLs.append("http://127.0.0.1:\(port)/metrics")
             }
             if options.feedbackWorker {
@@ -124,7 +128,7 @@ struct LocalFleet {
             say("Workers: \(options.workers) push worker(s)\(options.feedbackWorker ? " and the feedback worker" : ""), partitions assigned")
             return LocalFleet(
                 bootstrap: bootstrap, embeddedKafka: options.brokers == nil, generator: generator, logDirectory: logs, metricsURLs: metricsURLs,
-                processes: processes, pushWorkers: pushWorkers
+                pushWorkerAdminPorts: adminPorts, processes: processes, pushWorkers: pushWorkers
             )
         } catch {
             for process in processes { process.kill() }

@@ -37,7 +37,15 @@ struct FleetProcess {
         for warning in SecurityWarnings.all(for: fleet) { logger.warning("\(warning)") }
         self.logger = logger
         registry = PrometheusCollectorRegistry()
-        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: registry))
+        var factory = PrometheusMetricsFactory(registry: registry)
+        // The latency the worker adds is a matter of milliseconds, below the default buckets
+        // (5 ms and up).
+        factory.durationHistogramBuckets["apns_worker_added_latency"] = [
+            .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
+            .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250),
+            .milliseconds(500), .seconds(1), .seconds(5),
+        ]
+        MetricsSystem.bootstrap(factory)
         processID = fleet.worker.id ?? "\(idPrefix)-\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)"
     }
 

@@ -114,6 +114,7 @@ struct FleetBench {
                 try await Task.sleep(for: .milliseconds(20))
             }
             let usages = fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid) }
+            let added = Self.addedLatency(ports: fleet.pushWorkerAdminPorts)
             let snapshot = tally.snapshot
             reader.close()
             await producer.shutdown(flushTimeout: .seconds(10))
@@ -148,6 +149,11 @@ struct FleetBench {
             let toAPNs = Array(snapshot.toAPNsLatenciesMs.dropFirst(warm.toAPNs)).sorted()
             record.set("to_apns_p50_ms", Percentiles.value(0.5, of: toAPNs) ?? 0, decimals: 1)
             record.set("to_apns_p99_ms", Percentiles.value(0.99, of: toAPNs) ?? 0, decimals: 1)
+            // Whole run, warm-up included: bucket bounds of the workers' own histogram.
+            if let added, let p50 = added.quantileUpperBound(0.5), let p99 = added.quantileUpperBound(0.99) {
+                record.set("worker_added_p50_le_ms", p50 * 1000, decimals: 2)
+                record.set("worker_added_p99_le_ms", p99 * 1000, decimals: 2)
+            }
             record.set("peak_rss_mb", Double(usages.compactMap { $0?.peakResidentKilobytes }.max() ?? 0) / 1024, decimals: 1)
             record.set("lost", expected - snapshot.notificationsSeen)
             record.set("duplicates", snapshot.duplicates)
@@ -161,4 +167,10 @@ struct FleetBench {
     }
 
     static func nowMillis() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
+
+    /// The workers' `apns.worker.added_latency` histogram, added together; nil if none answered.
+    static func addedLatency(ports: [Int]) -> PrometheusHistogram? {
+        let texts = ports.compactMap { try? localHTTPRequest(method: "GET", port: $0, path: "/metrics").body }
+        return PrometheusHistogram(texts.joined(separator: "\n"), name: "apns_worker_added_latency")
+    }
 }
