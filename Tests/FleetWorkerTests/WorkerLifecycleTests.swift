@@ -171,6 +171,7 @@ struct WorkerLifecycleTests {
         #expect(value("apns_worker_dlq", ["topic": "apns.jobs"]) == 7, "bad JSON, unknown app, oversize")
         #expect(value("apns_worker_in_flight") == 0)
         #expect(value("apns_worker_added_latency_count") == 35, "one-token jobs APNs answered (the fan-out job's three are not timed)")
+        #expect(value("apns_worker_added_latency_bucket", ["le": "0.002"]) != nil, "millisecond buckets, to judge the 2 ms target")
         #expect(value("apns_worker_partitions_paused", ["reason": "back_pressure"]) == 0)
         #expect(value("apns_worker_partitions_paused", ["reason": "retry_wait"]) == 0)
 

@@ -40,7 +40,7 @@ struct FleetProcess {
         var factory = PrometheusMetricsFactory(registry: registry)
         // The latency the worker adds is a matter of milliseconds, below the default buckets
         // (5 ms and up).
-        factory.durationHistogramBuckets["apns_worker_added_latency"] = [
+        factory.durationHistogramBuckets["apns.worker.added_latency"] = [
             .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
             .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250),
             .milliseconds(500), .seconds(1), .seconds(5),
