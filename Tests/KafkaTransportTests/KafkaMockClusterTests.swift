@@ -190,6 +190,53 @@ struct KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(5))
     }
 
+    /// librdkafka 2.0.2 applies a resume without waking the broker thread, which sleeps up to a
+    /// second once all its partitions are paused; a worker at its in-flight bound, pausing and
+    /// resuming about once a second, sat without records for half of each cycle. The consumer
+    /// wakes the thread after a resume. Heartbeats and commits would also wake it, so they are
+    /// made rare here; the median of several resumes tells a prompt restart from a sleeping one.
+    @Test("after a resume, records flow again at once, not after the broker thread's next wake-up")
+    func resumeFetchesPromptly() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("wake", partitions: 2)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        var configuration = consumerConfiguration(cluster, group: "wake-group", topics: ["wake"])
+        configuration.sessionTimeout = .milliseconds(10_000)
+        configuration.client.properties["heartbeat.interval.ms"] = "3000"
+        configuration.commitInterval = .seconds(30)
+        let consumer = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        let received = ReceivedRecords()
+        let delays = try await withTimeout(120, "pause and resume, several times") {
+            try await withThrowingTaskGroup(of: Void.self, returning: [Duration].self) { group in
+                var delays: [Duration] = []
+                group.addTask { try await consumer.run() }
+                group.addTask { await consumeLoop(consumer, into: received) }
+                try await producer.send(KafkaOutgoingMessage(topic: "wake", value: "first".bytes))
+                try await waitUntil("the first record") { received.count >= 1 }
+                for round in 0..<6 {
+                    consumer.pauseAll()
+                    try await waitUntil("both partitions paused") { consumer.pausedPartitions.count == 2 }
+                    for index in 0..<4 {
+                        try await producer.send(KafkaOutgoingMessage(topic: "wake", value: "round-\(round)-\(index)".bytes))
+                    }
+                    // Long enough for the broker thread to go back to sleep with nothing to fetch.
+                    try await Task.sleep(for: .milliseconds(1200))
+                    let before = received.count
+                    let resumed = ContinuousClock.now
+                    consumer.resumeAll()
+                    try await waitUntil("round \(round)'s records", timeout: 10) { received.count >= before + 4 }
+                    delays.append(ContinuousClock.now - resumed)
+                }
+                consumer.close()
+                try await group.waitForAll()
+                return delays
+            }
+        }
+        let median = delays.sorted()[delays.count / 2]
+        #expect(median < .milliseconds(300), "resume → records: \(delays)")
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
     /// Found by the reliability suite: a worker paused for back-pressure lost its assignment when
     /// the group coordinator went away, resumed while it had no partitions, and got the same
     /// partitions back still paused inside librdkafka, so it never fetched from them again.
