@@ -308,6 +308,7 @@ let package = Package(
             name: "FleetWorkerTests",
             dependencies: [
                 "FleetWorker",
+                "FleetLoad",
                 "APNsLegacyClient",
                 "FleetTestSupport",
                 "APNsClient",

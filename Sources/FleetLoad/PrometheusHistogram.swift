@@ -1,6 +1,40 @@
 import Foundation
 
-/// Quantiles of a histogram in Prometheus's text format, as `/metrics` serves it.
+/// One sample of Prometheus's text format, as `/metrics` serves it.
+public struct PrometheusSample: Hashable, Sendable {
+    public var name: String
+    public var labels: [String: String]
+    public var value: Double
+
+    public init(name: String, labels: [String: String], value: Double) {
+        self.name = name
+        self.labels = labels
+        self.value = value
+    }
+}
+
+/// Parses Prometheus text (for our own exports, whose label values hold no quotes or commas).
+public func prometheusSamples(_ text: String) -> [PrometheusSample] {
+    var samples: [PrometheusSample] = []
+    for line in text.split(separator: "\n") where !line.hasPrefix("#") {
+        guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
+        let series = line[..<space]
+        var labels: [String: String] = [:]
+        var name = String(series)
+        if let open = series.firstIndex(of: "{"), let close = series.lastIndex(of: "}") {
+            name = String(series[..<open])
+            for pair in series[series.index(after: open)..<close].split(separator: ",") {
+                let parts = pair.split(separator: "=", maxSplits: 1)
+                guard parts.count == 2 else { continue }
+                labels[String(parts[0])] = parts[1].trimmingCharacters(in: CharacterSet(charactersIn: "\""))
+            }
+        }
+        samples.append(PrometheusSample(name: name, labels: labels, value: value))
+    }
+    return samples
+}
+
+/// Quantiles of a histogram in Prometheus's text format.
 ///
 /// A quantile is the upper bound of the first bucket whose cumulative count reaches it: "p99 ≤
 /// 2 ms", not an interpolation. Label sets of the same histogram are added together.
@@ -11,14 +45,10 @@ public struct PrometheusHistogram: Sendable {
     /// The histogram `name` (without the `_bucket` suffix) from `text`, or nil if it has no bucket.
     public init?(_ text: String, name: String) {
         var counts: [Double: Double] = [:]
-        let prefix = name + "_bucket"
-        for line in text.split(separator: "\n") where line.hasPrefix(prefix) {
-            guard let le = line.range(of: "le=\""), let close = line[le.upperBound...].firstIndex(of: "\""),
-                let space = line.lastIndex(of: " "), let count = Double(line[line.index(after: space)...])
-            else { continue }
-            let bound = line[le.upperBound..<close] == "+Inf" ? Double.infinity : Double(line[le.upperBound..<close])
-            guard let bound else { continue }
-            counts[bound, default: 0] += count
+        let bucketName = name + "_bucket"
+        for sample in prometheusSamples(text) where sample.name == bucketName {
+            guard let le = sample.labels["le"], let bound = le == "+Inf" ? Double.infinity : Double(le) else { continue }
+            counts[bound, default: 0] += sample.value
         }
         guard !counts.isEmpty else { return nil }
         buckets = counts.sorted { $0.key < $1.key }.map { (upperBound: $0.key, count: $0.value) }

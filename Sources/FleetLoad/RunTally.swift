@@ -30,8 +30,6 @@ public final class RunTally: Sendable {
         /// worker handed the notification to its APNs client (`sent_at` − `latency_ms`), for
         /// results APNs answered. What the worker adds on the way in, Kafka included.
         public var toAPNsLatenciesMs: [Double] = []
-        public var firstResultAt: Int64?
-        public var lastResultAt: Int64?
         /// Each counted result's `sent_at` (the worker's clock), in the order they were read.
         public var resultTimesMs: [Int64] = []
 
@@ -109,8 +107,6 @@ public final class RunTally: Sendable {
 
     private static func apply(_ result: NotificationResult, to state: inout State) {
         let jobID = result.jobID
-        state.snapshot.firstResultAt = min(state.snapshot.firstResultAt ?? result.sentAt.value, result.sentAt.value)
-        state.snapshot.lastResultAt = max(state.snapshot.lastResultAt ?? result.sentAt.value, result.sentAt.value)
         guard let expected = state.pending[jobID]?.removeValue(forKey: result.token) else {
             if state.answered[jobID]?.contains(result.token) == true {
                 state.snapshot.duplicates += 1

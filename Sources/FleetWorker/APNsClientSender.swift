@@ -28,7 +28,10 @@ public struct APNsClientSender: NotificationSender {
 
 extension NIODeadline {
     /// Milliseconds from this instant to now, on the monotonic clock (a send's latency).
-    var millisecondsUntilNow: Double {
-        Double(NIODeadline.now().uptimeNanoseconds &- uptimeNanoseconds) / 1e6
+    var millisecondsUntilNow: Double { milliseconds(until: .now()) }
+
+    /// Milliseconds from this instant to `end`.
+    func milliseconds(until end: NIODeadline) -> Double {
+        Double(end.uptimeNanoseconds &- uptimeNanoseconds) / 1e6
     }
 }

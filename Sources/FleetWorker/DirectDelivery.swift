@@ -57,7 +57,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         if progress.attempts == job.previousAttempts + 1, case .answered(let response) = outcome {
             recordAddedLatency(answeredAt: now, response: response)
         }
-        let sent = SendResult(outcome, latencyMs: Double(now.uptimeNanoseconds &- sentAt.uptimeNanoseconds) / 1e6)
+        let sent = SendResult(outcome, latencyMs: sentAt.milliseconds(until: now))
         switch worker.afterSending(sent, job: job, token: notification.token, progress: &progress) {
         case .done(let finished):
             publish(worker.outcomeMessage(finished, of: job, record: record))
@@ -75,8 +75,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
     private func recordAddedLatency(answeredAt: NIODeadline, response: APNsResponse) {
         let polledAt = record.polledAtUptimeNanoseconds
         guard polledAt > 0 else { return }
-        let (seconds, attoseconds) = response.latency.components
-        let onTheWire = Int64(answeredAt.uptimeNanoseconds) - (seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+        let onTheWire = Int64(answeredAt.uptimeNanoseconds) - TimeAmount(response.latency).nanoseconds
         worker.addedLatency.recordNanoseconds(max(0, onTheWire - Int64(polledAt)))
     }
 

@@ -56,7 +56,7 @@ public final class KafkaProducer: Service, Sendable {
         let deadline = ContinuousClock.now + configuration.messageTimeout
         while true {
             let outcome: Result<KafkaDeliveryReport, KafkaError>? = await withUnsafeContinuation { continuation in
-                let handler = DeliveryHandler(topic: message.topic) { result in
+                let handler = DeliveryHandler { result in
                     continuation.resume(returning: result)
                 }
                 if let error = core.enqueue(message, handler: handler) {
@@ -91,7 +91,7 @@ public final class KafkaProducer: Service, Sendable {
         _ message: KafkaOutgoingMessage,
         onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
     ) throws(KafkaError) {
-        let handler = DeliveryHandler(topic: message.topic, callback: onDelivery)
+        let handler = DeliveryHandler(callback: onDelivery)
         if let error = core.enqueue(message, handler: handler) { throw error }
     }
 
@@ -178,14 +178,8 @@ open class KafkaDeliveryRecipient: @unchecked Sendable {
     /// One message's outcome, called once per message sent to this recipient. Keep it short.
     open func kafkaDelivered(_ result: Result<KafkaDeliveryReport, KafkaError>) {}
 
-    /// The topic of a reported message (`topic` is the topic handle librdkafka reports).
-    func topicName(_ topic: OpaquePointer?) -> String {
-        guard let topic, let name = rd_kafka_topic_name(topic) else { return "" }
-        return String(cString: name)
-    }
-
     final func complete(_ message: rd_kafka_message_t, context: ClientContext?) {
-        let topic = topicName(message.rkt)
+        let topic = message.rkt.flatMap { rd_kafka_topic_name($0) }.map { String(cString: $0) } ?? ""
         if message.err == RD_KAFKA_RESP_ERR_NO_ERROR {
             context?.delivered.increment()
             kafkaDelivered(.success(KafkaDeliveryReport(topic: topic, partition: message.partition, offset: message.offset)))
@@ -203,15 +197,11 @@ open class KafkaDeliveryRecipient: @unchecked Sendable {
 /// Calls a closure with one message's delivery report (``KafkaProducer/send(_:onDelivery:)`` and
 /// the awaiting ``KafkaProducer/send(_:)``).
 final class DeliveryHandler: KafkaDeliveryRecipient, @unchecked Sendable {
-    let topic: String
     let callback: @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
 
-    init(topic: String, callback: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) {
-        self.topic = topic
+    init(callback: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void) {
         self.callback = callback
     }
-
-    override func topicName(_ topic: OpaquePointer?) -> String { self.topic }
 
     override func kafkaDelivered(_ result: Result<KafkaDeliveryReport, KafkaError>) {
         callback(result)

@@ -1,4 +1,5 @@
 import APNsSimulator
+import FleetLoad
 import FleetTestSupport
 import Foundation
 
@@ -77,33 +78,4 @@ extension ChildProcess {
     }
 
     func output(containing text: String) -> [String] { lines.value.filter { $0.contains(text) } }
-}
-
-
-/// One sample of Prometheus text exposition.
-struct PrometheusSample: Hashable {
-    var name: String
-    var labels: [String: String]
-    var value: Double
-}
-
-/// Parses Prometheus text (label values here never hold quotes or commas).
-func prometheusSamples(_ text: String) -> [PrometheusSample] {
-    var samples: [PrometheusSample] = []
-    for line in text.split(separator: "\n") where !line.hasPrefix("#") {
-        guard let space = line.lastIndex(of: " "), let value = Double(line[line.index(after: space)...]) else { continue }
-        let series = line[..<space]
-        var labels: [String: String] = [:]
-        var name = String(series)
-        if let open = series.firstIndex(of: "{"), let close = series.lastIndex(of: "}") {
-            name = String(series[..<open])
-            for pair in series[series.index(after: open)..<close].split(separator: ",") {
-                let parts = pair.split(separator: "=", maxSplits: 1)
-                guard parts.count == 2 else { continue }
-                labels[String(parts[0])] = parts[1].trimmingCharacters(in: CharacterSet(charactersIn: "\""))
-            }
-        }
-        samples.append(PrometheusSample(name: name, labels: labels, value: value))
-    }
-    return samples
 }

@@ -1,5 +1,6 @@
 import APNsCore
 import APNsSimulator
+import FleetLoad
 import FleetTestSupport
 import Foundation
 import KafkaTransport
