@@ -16,6 +16,9 @@ public final class RunTally: Sendable {
         public var notificationsSeen = 0
         /// Results for a token that already had one (at-least-once redelivery).
         public var duplicates = 0
+        /// For each duplicate, when the token was first answered (the earlier `sent_at` of the
+        /// two, the worker's clock): the work that was redone, to be explained by a fault.
+        public var duplicatedWorkDoneAtMs: [Int64] = []
         /// Results whose outcome is not the expected one, with a few examples.
         public var mismatches = 0
         public var mismatchExamples: [String] = []
@@ -40,8 +43,8 @@ public final class RunTally: Sendable {
         var snapshot = Snapshot()
         /// Job id → token → expected outcome, for tokens still waiting for a result.
         var pending: [String: [String: String]] = [:]
-        /// Job id → tokens already answered.
-        var answered: [String: Set<String>] = [:]
+        /// Job id → tokens already answered → the `sent_at` of their first result.
+        var answered: [String: [String: Int64]] = [:]
         var early: [String: [NotificationResult]] = [:]
         var eventKeys: Set<String> = []
     }
@@ -108,15 +111,16 @@ public final class RunTally: Sendable {
     private static func apply(_ result: NotificationResult, to state: inout State) {
         let jobID = result.jobID
         guard let expected = state.pending[jobID]?.removeValue(forKey: result.token) else {
-            if state.answered[jobID]?.contains(result.token) == true {
+            if let first = state.answered[jobID]?[result.token] {
                 state.snapshot.duplicates += 1
+                state.snapshot.duplicatedWorkDoneAtMs.append(min(first, result.sentAt.value))
             } else {
                 state.snapshot.mismatches += 1
                 note("job \(jobID): a result for a token it does not have (\(result.token.prefix(12)))", &state)
             }
             return
         }
-        state.answered[jobID, default: []].insert(result.token)
+        state.answered[jobID, default: [:]][result.token] = result.sentAt.value
         state.snapshot.notificationsSeen += 1
         state.snapshot.resultTimesMs.append(result.sentAt.value)
         let actual = describe(result)

@@ -53,10 +53,10 @@ struct JobGeneratorTests {
     func tally() {
         let tally = RunTally(idPrefix: "run")
         let token = String(repeating: "a", count: 64)
-        func result(_ job: String, _ outcome: Outcome, status: Int? = nil, reason: String? = nil, token: String = token) -> NotificationResult {
+        func result(_ job: String, _ outcome: Outcome, status: Int? = nil, reason: String? = nil, token: String = token, sentAt: Int64 = 150) -> NotificationResult {
             NotificationResult(
                 jobID: job, token: token, topic: "t", app: "a", outcome: outcome, status: status, reason: reason,
-                attempts: 1, latencyMs: 1, sentAt: UnixMillis(150), worker: "w",
+                attempts: 1, latencyMs: 1, sentAt: UnixMillis(sentAt), worker: "w",
                 meta: RawJSON(#"{"published_at":100}"#), source: SourcePosition(topic: "apns.jobs", partition: 0, offset: 0)
             )
         }
@@ -65,11 +65,12 @@ struct JobGeneratorTests {
         tally.expect(jobID: "run-1", tokens: [(token, "delivered")])
         tally.expect(jobID: "run-2", tokens: [(token, "rejected/410/Unregistered")])
         tally.record(result("run-1", .delivered, status: 200), derivedIDPrefix: "apns.jobs-")
-        tally.record(result("run-1", .delivered, status: 200), derivedIDPrefix: "apns.jobs-")
+        tally.record(result("run-1", .delivered, status: 200, sentAt: 900), derivedIDPrefix: "apns.jobs-")
         tally.record(result("other-9", .delivered, status: 200), derivedIDPrefix: "apns.jobs-")
         var snapshot = tally.snapshot
         #expect(snapshot.isComplete && snapshot.jobsComplete == 2)
         #expect(snapshot.duplicates == 1 && snapshot.mismatches == 0)
+        #expect(snapshot.duplicatedWorkDoneAtMs == [150], "a duplicate is dated by the work it redid")
         #expect(snapshot.outcomes == ["delivered": 1, "rejected/410/Unregistered": 1])
         #expect(snapshot.latenciesMs == [50, 50])
 

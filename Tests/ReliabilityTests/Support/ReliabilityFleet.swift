@@ -221,6 +221,9 @@ final class ReliabilityFleet: Sendable {
         return path
     }
 
+    /// The workers' `session.timeout.ms`: a killed worker stays in the group this long.
+    static let workerSessionTimeoutMs: Int64 = 6_000
+
     private static func fleetFile(options: Options, bootstrap: String, credentials: String, summary: DevCredentials.Summary, simulatorPort: Int) -> String {
         func path(_ name: String) -> String { (credentials as NSString).appendingPathComponent(name) }
         return """
@@ -228,7 +231,7 @@ final class ReliabilityFleet: Sendable {
               bootstrap-servers: \(bootstrap)
               # The mock cluster rebalances after about session.timeout.ms (PITFALLS.md): keep it short.
               # Offsets are committed often, so that a killed worker leaves little to redo.
-              properties: [session.timeout.ms=6000, heartbeat.interval.ms=500, auto.commit.interval.ms=100]
+              properties: [session.timeout.ms=\(workerSessionTimeoutMs), heartbeat.interval.ms=500, auto.commit.interval.ms=100]
             apps: [example]
             app:
               example:

@@ -9,6 +9,8 @@ struct RunOutcome: Sendable {
     var notifications: Int
     var lost: Int
     var duplicates: Int
+    /// When the redone work was first done, one entry per duplicate (the worker's clock, ms).
+    var duplicatedWorkDoneAtMs: [Int64]
     var wrongOutcomes: Int
     var wrongExamples: [String]
     var deliveredButAbsent: Int
@@ -52,6 +54,7 @@ extension ReliabilityFleet {
             notifications: snapshot.notificationsExpected,
             lost: snapshot.notificationsExpected - snapshot.notificationsSeen,
             duplicates: snapshot.duplicates,
+            duplicatedWorkDoneAtMs: snapshot.duplicatedWorkDoneAtMs,
             wrongOutcomes: snapshot.mismatches,
             wrongExamples: snapshot.mismatchExamples,
             deliveredButAbsent: unplaced.neverSeen.count,
