@@ -304,8 +304,11 @@ final class APNsConnection: @unchecked Sendable {
         }
         guard !batch.isEmpty else { return }
         let now = NIODeadline.now()
+        // Decided once per batch, when first needed: the token schedule reads the wall clock,
+        // which showed in profiles when done per request.
+        var authorization: BatchAuthorization?
         for request in batch {
-            submit(request, now: now)
+            submit(request, now: now, authorization: &authorization)
         }
         batch.removeAll(keepingCapacity: true)
         spareBatch = batch
@@ -313,7 +316,21 @@ final class APNsConnection: @unchecked Sendable {
         flushCompletions()
     }
 
-    private func submit(_ request: APNsRequest, now: NIODeadline) {
+    /// How the requests of one batch authenticate.
+    private enum BatchAuthorization {
+        /// A client certificate: no header.
+        case certificate
+        case bearer(String)
+        /// Token auth, but no token could be signed.
+        case unsigned
+    }
+
+    private func decideAuthorization() -> BatchAuthorization {
+        guard case .token(let signer) = configuration.authentication else { return .certificate }
+        return currentAuthorization(signer).map { .bearer($0) } ?? .unsigned
+    }
+
+    private func submit(_ request: APNsRequest, now: NIODeadline, authorization: inout BatchAuthorization?) {
         guard let session, !closed else {
             finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
             return
@@ -332,12 +349,16 @@ final class APNsConnection: @unchecked Sendable {
         requestHeaders.append(":scheme", "https")
         requestHeaders.append(":path", prefix: "/3/device/", request.notification.deviceToken, neverIndex: true)
         requestHeaders.append(":authority", authority)
-        if case .token(let signer) = configuration.authentication {
-            guard let authorization = currentAuthorization(signer) else {
-                finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
-                return
-            }
-            requestHeaders.append("authorization", authorization, neverIndex: true)
+        let decided = authorization ?? decideAuthorization()
+        authorization = decided
+        switch decided {
+        case .certificate:
+            break
+        case .bearer(let value):
+            requestHeaders.append("authorization", value, neverIndex: true)
+        case .unsigned:
+            finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the provider token could not be signed", certainlyNotProcessed: true)))
+            return
         }
         // Unique per notification: indexing it would only evict useful entries (and cost both
         // ends an insertion) on every request.
