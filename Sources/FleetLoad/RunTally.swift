@@ -7,6 +7,17 @@ import Synchronization
 /// Results may arrive before their job is registered (a malformed job's id is only known from
 /// its delivery report), so early results wait in a side table until their expectation arrives.
 public final class RunTally: Sendable {
+    /// When a first result was sent (the worker's clock) and how long it took.
+    public struct ResultTiming: Sendable {
+        public var sentAtMs: Int64
+        /// Job → result, from `meta.published_at` to `sent_at`; nil when the job has no `published_at`.
+        public var latencyMs: Double?
+        /// Job → APNs: from `meta.published_at` to the moment the worker handed the notification
+        /// to its APNs client (`sent_at` − `latency_ms`), for results APNs answered. What the
+        /// worker adds on the way in, Kafka included.
+        public var toAPNsMs: Double?
+    }
+
     public struct Snapshot: Sendable {
         public var jobsRegistered = 0
         /// Registered jobs by the generator's kind, when known.
@@ -27,14 +38,11 @@ public final class RunTally: Sendable {
         public var tokenEvents = 0
         public var distinctTokenEvents = 0
         public var deadLetters = 0
+        /// Each counted (first) result's timing, in the order they were read.
+        public var timings: [ResultTiming] = []
+
         /// Job → result latencies in milliseconds (from `meta.published_at` to `sent_at`).
-        public var latenciesMs: [Double] = []
-        /// Job → APNs latencies in milliseconds: from `meta.published_at` to the moment the
-        /// worker handed the notification to its APNs client (`sent_at` − `latency_ms`), for
-        /// results APNs answered. What the worker adds on the way in, Kafka included.
-        public var toAPNsLatenciesMs: [Double] = []
-        /// Each counted result's `sent_at` (the worker's clock), in the order they were read.
-        public var resultTimesMs: [Int64] = []
+        public var latenciesMs: [Double] { timings.compactMap(\.latencyMs) }
 
         public var isComplete: Bool { jobsComplete == jobsRegistered && notificationsSeen >= notificationsExpected }
     }
@@ -122,19 +130,20 @@ public final class RunTally: Sendable {
         }
         state.answered[jobID, default: [:]][result.token] = result.sentAt.value
         state.snapshot.notificationsSeen += 1
-        state.snapshot.resultTimesMs.append(result.sentAt.value)
         let actual = describe(result)
         state.snapshot.outcomes[actual, default: 0] += 1
         if actual != expected {
             state.snapshot.mismatches += 1
             note("job \(jobID): expected \(expected), got \(actual)\(result.outcome == .invalid ? " (\(result.reason ?? ""))" : "")", &state)
         }
+        var timing = ResultTiming(sentAtMs: result.sentAt.value)
         if let published = publishedAt(result.meta) {
-            state.snapshot.latenciesMs.append(Double(result.sentAt.value - published))
+            timing.latencyMs = Double(result.sentAt.value - published)
             if result.status != nil {
-                state.snapshot.toAPNsLatenciesMs.append(max(0, Double(result.sentAt.value - published) - result.latencyMs))
+                timing.toAPNsMs = max(0, Double(result.sentAt.value - published) - result.latencyMs)
             }
         }
+        state.snapshot.timings.append(timing)
         if state.pending[jobID]?.isEmpty == true { complete(jobID, &state) }
     }
 

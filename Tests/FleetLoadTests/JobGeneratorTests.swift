@@ -73,6 +73,7 @@ struct JobGeneratorTests {
         #expect(snapshot.duplicatedWorkDoneAtMs == [150], "a duplicate is dated by the work it redid")
         #expect(snapshot.outcomes == ["delivered": 1, "rejected/410/Unregistered": 1])
         #expect(snapshot.latenciesMs == [50, 50])
+        #expect(snapshot.timings.map(\.sentAtMs) == [150, 150], "first results only")
 
         tally.expect(jobID: "run-3", tokens: [(token, "delivered")])
         tally.record(result("run-3", .failed, status: 503, reason: "ServiceUnavailable (gave up after 8 attempts)"), derivedIDPrefix: "apns.jobs-")

@@ -93,17 +93,13 @@ struct FleetBench {
                 if summary.failed > 0 { throw UsageError("\(summary.failed) jobs were not accepted by Kafka: \(summary.firstError ?? "")") }
             }
 
-            // Mark the end of warm-up, then the end of the run.
+            // Wait for the end of the run.
             let started = ContinuousClock.now
             let hostAtStart = HostCPUTimes.now()
-            var warm: (seen: Int, latencies: Int, toAPNs: Int)?
             var expected = 0
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
-                if warm == nil, snapshot.notificationsSeen >= settings.warmup {
-                    warm = (snapshot.notificationsSeen, snapshot.latenciesMs.count, snapshot.toAPNsLatenciesMs.count)
-                }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
                     throw UsageError("\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())")
@@ -120,23 +116,26 @@ struct FleetBench {
             await producer.shutdown(flushTimeout: .seconds(10))
             group.cancelAll()
 
-            guard let warm else { throw UsageError("the run ended before warm-up did; raise --jobs or lower --warmup") }
-            // Rates come from the results' own `sent_at`, from the warm-up-th result to the last.
-            // The reader lags the workers by up to seconds and catches up in bursts at the end, so
-            // a window of what it read overstated the rate as soon as the workers got fast.
-            let times = snapshot.resultTimesMs.sorted()
-            let first = times.isEmpty ? 0 : times[min(warm.seen, times.count - 1)]
-            let seconds = Double((times.last ?? first) - first) / 1000
-            let measured = max(0, times.count - 1 - warm.seen)
+            // Warm-up, rates and latencies go by the results' own `sent_at`, not by when the
+            // benchmark read them: the reader lags the workers by up to seconds (more when it
+            // shares a core with them) and catches up in bursts, so its timing overstated rates.
+            let timings = snapshot.timings.sorted { $0.sentAtMs < $1.sentAtMs }
+            guard timings.count > settings.warmup + 1 else {
+                throw UsageError("the run ended before warm-up did (\(timings.count) results for a warm-up of \(settings.warmup)); raise --jobs or lower --warmup")
+            }
+            let measuredTimings = timings.dropFirst(settings.warmup)
+            let first = measuredTimings.first?.sentAtMs ?? 0
+            let seconds = Double((timings.last?.sentAtMs ?? first) - first) / 1000
+            let measured = measuredTimings.count - 1
             let cpu = zip(usages, cpuAtStart).reduce(0.0) { $0 + (($1.0?.cpuSeconds ?? $1.1) - $1.1) }
-            let latencies = Array(snapshot.latenciesMs.dropFirst(warm.latencies)).sorted()
+            let latencies = measuredTimings.compactMap(\.latencyMs).sorted()
             var record = BenchRecord()
             record.set("suite", settings.workers > 1 ? "scaling" : "e2e")
             record.set("run", "\(index)")
             record.set("workers", settings.workers)
             record.set("partitions", settings.partitions)
             record.set("jobs", settings.jobs)
-            record.set("warmup_notifications", warm.seen)
+            record.set("warmup_notifications", settings.warmup)
             record.set("notifications", measured)
             record.set("seconds", seconds, decimals: 2)
             record.set("notifications_per_second", Double(measured) / max(seconds, 1e-9), decimals: 0)
@@ -146,7 +145,7 @@ struct FleetBench {
             record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(snapshot.notificationsSeen, 1)), decimals: 2)
             record.set("p50_ms", Percentiles.value(0.5, of: latencies) ?? 0, decimals: 1)
             record.set("p99_ms", Percentiles.value(0.99, of: latencies) ?? 0, decimals: 1)
-            let toAPNs = Array(snapshot.toAPNsLatenciesMs.dropFirst(warm.toAPNs)).sorted()
+            let toAPNs = measuredTimings.compactMap(\.toAPNsMs).sorted()
             record.set("to_apns_p50_ms", Percentiles.value(0.5, of: toAPNs) ?? 0, decimals: 1)
             record.set("to_apns_p99_ms", Percentiles.value(0.99, of: toAPNs) ?? 0, decimals: 1)
             // Whole run, warm-up included: bucket bounds of the workers' own histogram.
