@@ -19,9 +19,7 @@ public final class OutgoingNotification: Sendable {
         self.app = app
         self.environment = job.environment
         self.token = token
-        var request = APNsNotification(job: job, token: token)
-        request.apnsID = apnsID
-        self.request = request
+        self.request = APNsNotification(job: job, token: token, apnsID: apnsID)
     }
 }
 

@@ -359,8 +359,9 @@ public final class PushWorker: Service, Sendable {
         return KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: headers)
     }
 
-    /// Indirect: a result is a few hundred bytes, and outcomes sit in async frames.
-    indirect enum TokenOutcome: Sendable {
+    /// Not `indirect`: a boxed result was copied into its box and out again, a retain and a
+    /// release for each of its strings both times, on every notification.
+    enum TokenOutcome: Sendable {
         case finished(NotificationResult)
         case later(DeviceToken, RetryHeaders)
     }
@@ -398,16 +399,15 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     func makeNotification(token: DeviceToken, of job: JobInFlight) -> OutgoingNotification {
         // The same apns-id for every in-process attempt.
-        let apnsID = job.job.job.apnsID ?? random.withLock { UUIDText.random(using: &$0) }
-        return OutgoingNotification(app: job.appName, token: token, job: job.job, apnsID: apnsID)
+        let apnsID = job.accepted.job.job.apnsID ?? random.withLock { UUIDText.random(using: &$0) }
+        return OutgoingNotification(app: job.accepted.appName, token: token, job: job.accepted.job, apnsID: apnsID)
     }
 
     /// The outcome when the job's deadline or expiration has already passed; nil to send.
     @inline(never)
     func finishedBeforeSending(_ job: JobInFlight, token: DeviceToken, progress: SendProgress) -> TokenOutcome? {
-        let resolved = job.job
         guard case .finish(let outcome, let status, let reason)? = policy.beforeSending(
-            now: now(), deadline: resolved.job.deadline, expiration: resolved.job.expiration
+            now: now(), deadline: job.deadline, expiration: job.expiration
         ) else { return nil }
         logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: progress.attempts)
         return .finished(result(
@@ -422,11 +422,10 @@ public final class PushWorker: Service, Sendable {
     func afterSending(_ sent: SendResult, job: JobInFlight, token: DeviceToken, progress: inout SendProgress) -> NextStep {
         progress.last = sent
         progress.totalLatency += sent.latencyMs
-        let resolved = job.job
         let attempt = progress.attempts
         let decision = policy.after(
             attempt: attempt, result: sent.attempt, now: now(),
-            deadline: resolved.job.deadline, expiration: resolved.job.expiration, jitter: random.withLock { $0.nextUnit() }
+            deadline: job.deadline, expiration: job.expiration, jitter: random.withLock { $0.nextUnit() }
         )
         switch decision {
         case .finish(let outcome, let status, let reason):
@@ -540,4 +539,7 @@ final class JobInFlight: Sendable {
     var source: SourcePosition { accepted.source }
     var previousAttempts: Int { accepted.previousAttempts }
     var tokens: [DeviceToken] { accepted.tokens }
+    // Read per attempt: straight from the stored job, not through a copy of `job`.
+    var deadline: Int64? { accepted.job.job.deadline }
+    var expiration: Int64? { accepted.job.job.expiration }
 }

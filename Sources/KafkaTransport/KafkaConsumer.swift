@@ -243,6 +243,10 @@ final class ConsumerCore: @unchecked Sendable {
     /// The epoch of the partition of the previous record: records come in runs of one partition.
     private var lastEpoch: (topic: String, partition: Int32, epoch: UInt64)?
     private var nextRevocationID: UInt64 = 1
+    /// Per-partition gauges, made once: making a metric handle goes through the metrics factory
+    /// (name checks, a registry lookup), which showed in profiles when done per poll turn.
+    private var storedOffsetGauges: [TopicPartition: Gauge] = [:]
+    private var lagGauges: [TopicPartition: Gauge] = [:]
 
     init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool) {
         self.configuration = configuration
@@ -519,7 +523,7 @@ final class ConsumerCore: @unchecked Sendable {
             let now = ContinuousClock.now
             if now >= nextHousekeeping {
                 nextHousekeeping = now + .seconds(1)
-                publishLag(rk, clientID: handle.context.clientID)
+                publishLag(rk)
                 stallReported = checkStall(now: now, last: &lastProgress, alreadyReported: stallReported)
             }
         }
@@ -678,12 +682,8 @@ final class ConsumerCore: @unchecked Sendable {
         let list = TopicPartitionList(capacity: offsets.count)
         for (partition, offset) in offsets { list.add(partition, offset: offset) }
         let error = rd_kafka_offsets_store(rk, list.pointer)
-        // Once per poll turn at most, not per record: a gauge per partition is affordable.
         for (partition, offset, partitionError) in TopicPartitionList.read(list.pointer) where partitionError == RD_KAFKA_RESP_ERR_NO_ERROR {
-            Gauge(
-                label: "kafka.consumer.offset.stored",
-                dimensions: [("client", configuration.client.clientID), ("topic", partition.topic), ("partition", "\(partition.partition)")]
-            ).record(offset)
+            partitionGauge(&storedOffsetGauges, "kafka.consumer.offset.stored", partition).record(offset)
         }
         if error != RD_KAFKA_RESP_ERR_NO_ERROR {
             // Per-partition errors (e.g. _STATE for a partition no longer assigned) are in the list.
@@ -698,13 +698,20 @@ final class ConsumerCore: @unchecked Sendable {
         }
     }
 
-    private func publishLag(_ rk: OpaquePointer, clientID: String) {
+    private func publishLag(_ rk: OpaquePointer) {
         for (partition, lag) in lag(rk) {
-            Gauge(
-                label: "kafka.consumer.lag",
-                dimensions: [("client", clientID), ("topic", partition.topic), ("partition", "\(partition.partition)")]
-            ).record(lag)
+            partitionGauge(&lagGauges, "kafka.consumer.lag", partition).record(lag)
         }
+    }
+
+    private func partitionGauge(_ gauges: inout [TopicPartition: Gauge], _ label: String, _ partition: TopicPartition) -> Gauge {
+        if let gauge = gauges[partition] { return gauge }
+        let gauge = Gauge(
+            label: label,
+            dimensions: [("client", configuration.client.clientID), ("topic", partition.topic), ("partition", "\(partition.partition)")]
+        )
+        gauges[partition] = gauge
+        return gauge
     }
 
     /// librdkafka 2.0.2 resets max.poll.interval.ms on every poll, so it cannot see a worker

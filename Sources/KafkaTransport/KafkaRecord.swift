@@ -1,15 +1,19 @@
 import APNsCore
 
 /// A record consumed from Kafka, copied out of librdkafka's buffers.
-public struct KafkaRecord: Sendable {
-    public var topic: String
-    public var partition: Int32
-    public var offset: Int64
-    public var key: [UInt8]?
-    public var value: [UInt8]
-    public var headers: [RecordHeader]
+///
+/// Immutable and shared by reference: a record passes through several hands (the batch, the
+/// worker's admission, the delivery that finishes it), and copying a struct of this many arrays
+/// and strings cost a retain and a release for each of them at every hand-over.
+public final class KafkaRecord: Sendable {
+    public let topic: String
+    public let partition: Int32
+    public let offset: Int64
+    public let key: [UInt8]?
+    public let value: [UInt8]
+    public let headers: [RecordHeader]
     /// Milliseconds since the epoch (create or log-append time), when the record has one.
-    public var timestamp: Int64?
+    public let timestamp: Int64?
     /// Which assignment of the partition this record was consumed under.
     public let assignmentEpoch: UInt64
     /// When the consumer took the record from librdkafka, in nanoseconds of the monotonic clock

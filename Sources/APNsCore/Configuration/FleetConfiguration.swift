@@ -55,18 +55,24 @@ public struct FleetConfiguration: Sendable {
     /// Which app serves a job: its `app` field, else the app that lists its topic, else the
     /// default app. The error names what was asked for.
     public func app(for job: NotificationJob) throws(JobRejection) -> AppConfiguration {
+        apps[try appIndex(for: job)]
+    }
+
+    /// Where in `apps` the app serving `job` is (see `app(for:)`). On the hot path, so that
+    /// the caller reads the fields it needs instead of copying the whole configuration.
+    public func appIndex(for job: NotificationJob) throws(JobRejection) -> Int {
         if let name = job.app {
-            guard let app = app(named: name) else {
+            guard let index = apps.firstIndex(where: { $0.name == name }) else {
                 let known = apps.map(\.name).joined(separator: ", ")
                 throw JobRejection(field: "app", "unknown app \(JobRules.quoted(JobRules.clip(name))); configured apps: \(known.isEmpty ? "none" : known)")
             }
-            return app
+            return index
         }
-        if let topic = job.topic, let app = apps.first(where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) {
-            return app
+        if let topic = job.topic, let index = apps.firstIndex(where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) {
+            return index
         }
-        if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let app = app(named: name) {
-            return app
+        if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let index = apps.firstIndex(where: { $0.name == name }) {
+            return index
         }
         throw JobRejection(field: "app", "the job names no app, its topic maps to none, and no default app is configured")
     }

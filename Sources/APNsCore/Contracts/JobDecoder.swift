@@ -177,25 +177,40 @@ public struct JobDecoder: Sendable {
             guard payloadIsObject else {
                 throw JobRejection(field: "payload", "payload must be a JSON object")
             }
-            var job = NotificationJob(tokens: tokens, payload: RawJSON(bytes: bytes[payloadRange]))
-            if let id = try string(.id) { job.id = try JobRules.identifier(id, field: "id") }
-            if let topic = try string(.topic) { job.topic = try JobRules.topic(topic) }
-            if let pushType = try string(.pushType) { job.pushType = try JobRules.pushType(pushType) }
-            if let (value, literal) = try integer(.priority) { job.priority = try JobRules.priority(value, literal: literal) }
-            if let (value, literal) = try integer(.expiration) { job.expiration = try JobRules.expiration(value, literal: literal) }
-            if let collapseID = try string(.collapseID) { job.collapseID = try JobRules.collapseID(collapseID) }
-            if let environment = try string(.environment) { job.environment = try JobRules.environment(environment) }
-            if let app = try string(.app) { job.app = try JobRules.identifier(app, field: "app") }
-            if let (value, literal) = try integer(.deadline) { job.deadline = try JobRules.deadline(value, literal: literal) }
+            // Fields are checked into locals and the job made once at the end: mutating a job
+            // field by field copied it (every string and array in it) along the way.
+            let payload = RawJSON(bytes: bytes[payloadRange])
+            var id: String?
+            var topic: String?
+            var pushType: PushType?
+            var priority: NotificationPriority?
+            var expiration: Int64?
+            var collapseID: String?
+            var environment: APNsEnvironment?
+            var app: String?
+            var deadline: Int64?
+            var jobMeta: RawJSON?
+            if let text = try string(.id) { id = try JobRules.identifier(text, field: "id") }
+            if let text = try string(.topic) { topic = try JobRules.topic(text) }
+            if let text = try string(.pushType) { pushType = try JobRules.pushType(text) }
+            if let (value, literal) = try integer(.priority) { priority = try JobRules.priority(value, literal: literal) }
+            if let (value, literal) = try integer(.expiration) { expiration = try JobRules.expiration(value, literal: literal) }
+            if let text = try string(.collapseID) { collapseID = try JobRules.collapseID(text) }
+            if let text = try string(.environment) { environment = try JobRules.environment(text) }
+            if let text = try string(.app) { app = try JobRules.identifier(text, field: "app") }
+            if let (value, literal) = try integer(.deadline) { deadline = try JobRules.deadline(value, literal: literal) }
             if let (metaRange, metaIsObject) = meta, bytes[metaRange] != ArraySlice("null".utf8) {
                 guard metaIsObject else { throw JobRejection(field: "meta", "meta must be a JSON object") }
                 guard metaRange.count <= JobRules.maximumMetaBytes else {
                     throw JobRejection(field: "meta", "meta is \(metaRange.count) bytes; at most \(JobRules.maximumMetaBytes) are allowed")
                 }
-                job.meta = RawJSON(bytes: bytes[metaRange])
+                jobMeta = RawJSON(bytes: bytes[metaRange])
             }
-            try JobRules.checkPayloadSize(job.payload.count, pushType: job.pushType ?? .voip)
-            return job
+            try JobRules.checkPayloadSize(payload.count, pushType: pushType ?? .voip)
+            return NotificationJob(
+                id: id, tokens: tokens, topic: topic, pushType: pushType, priority: priority, expiration: expiration,
+                collapseID: collapseID, payload: payload, environment: environment, app: app, deadline: deadline, meta: jobMeta
+            )
         }
 
         private func tokens(limits: Limits) throws(JobRejection) -> [DeviceToken] {
