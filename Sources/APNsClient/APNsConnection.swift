@@ -408,7 +408,7 @@ final class APNsConnection: @unchecked Sendable {
 
     /// Decides a request's outcome; the caller is resumed, and the stream given back to the
     /// pool, by the next `flushCompletions` (at the end of this burst or event-loop task).
-    private func finish(_ request: APNsRequest, _ outcome: APNsOutcome, tokenAccepted: Bool = false) {
+    private func finish(_ request: APNsRequest, _ outcome: consuming APNsOutcome, tokenAccepted: Bool = false) {
         completions.append((request, outcome))
         if tokenAccepted { completionsAcceptedToken = true }
         if !completionFlushScheduled {
@@ -519,11 +519,12 @@ final class APNsConnection: @unchecked Sendable {
         if let body = inFlight.body, body.readableBytes > 0 {
             (reason, timestamp) = Self.parseBody(body)
         }
+        // The entry ends here: its strings move into the response instead of being copied.
         let response = APNsResponse(
             status: inFlight.status,
             reason: reason,
-            apnsID: inFlight.apnsID,
-            apnsUniqueID: inFlight.apnsUniqueID,
+            apnsID: inFlight.apnsID.take(),
+            apnsUniqueID: inFlight.apnsUniqueID.take(),
             timestamp: timestamp,
             latency: Self.duration(from: inFlight.sentAt, to: now)
         )

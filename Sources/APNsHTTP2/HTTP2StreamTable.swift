@@ -69,7 +69,7 @@ public struct HTTP2StreamTable<Value> {
 
     /// Inserts or replaces the value of `key` (ids are positive).
     @inlinable
-    public mutating func insert(_ value: Value, for key: Int32) {
+    public mutating func insert(_ value: consuming Value, for key: Int32) {
         let slot = home(key)
         if keys[slot] == key {
             values[slot] = value
