@@ -306,9 +306,9 @@ final class APNsConnection: @unchecked Sendable {
         let now = NIODeadline.now()
         // Decided once per batch, when first needed: the token schedule reads the wall clock,
         // which showed in profiles when done per request.
-        var authorization: BatchAuthorization?
+        var batchAuthorization: BatchAuthorization?
         for request in batch {
-            submit(request, now: now, authorization: &authorization)
+            submit(request, now: now, batchAuthorization: &batchAuthorization)
         }
         batch.removeAll(keepingCapacity: true)
         spareBatch = batch
@@ -330,7 +330,7 @@ final class APNsConnection: @unchecked Sendable {
         return currentAuthorization(signer).map { .bearer($0) } ?? .unsigned
     }
 
-    private func submit(_ request: APNsRequest, now: NIODeadline, authorization: inout BatchAuthorization?) {
+    private func submit(_ request: APNsRequest, now: NIODeadline, batchAuthorization: inout BatchAuthorization?) {
         guard let session, !closed else {
             finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the request was written", certainlyNotProcessed: true)))
             return
@@ -349,8 +349,8 @@ final class APNsConnection: @unchecked Sendable {
         requestHeaders.append(":scheme", "https")
         requestHeaders.append(":path", prefix: "/3/device/", request.notification.deviceToken, neverIndex: true)
         requestHeaders.append(":authority", authority)
-        let decided = authorization ?? decideAuthorization()
-        authorization = decided
+        let decided = batchAuthorization ?? decideAuthorization()
+        batchAuthorization = decided
         switch decided {
         case .certificate:
             break

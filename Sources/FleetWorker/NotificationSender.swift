@@ -15,11 +15,22 @@ public final class OutgoingNotification: Sendable {
     public let request: APNsNotification
 
     /// The notification of `job` for `token`; `apnsID` stays the same across in-process attempts.
-    public init(app: String, token: DeviceToken, job: ResolvedJob, apnsID: String) {
-        self.app = app
-        self.environment = job.environment
+    /// Each field is read from where the job is stored: passing the whole `ResolvedJob` along
+    /// copied it, a retain for every string inside.
+    init(token: DeviceToken, of job: JobInFlight, apnsID: String) {
+        self.app = job.accepted.appName
+        self.environment = job.accepted.job.environment
         self.token = token
-        self.request = APNsNotification(job: job, token: token, apnsID: apnsID)
+        self.request = APNsNotification(
+            deviceToken: token.hex,
+            topic: job.accepted.job.topic,
+            pushType: job.accepted.job.pushType,
+            priority: job.accepted.job.priority,
+            expiration: job.accepted.job.job.expiration,
+            collapseID: job.accepted.job.job.collapseID,
+            apnsID: apnsID,
+            payload: job.accepted.job.job.payload
+        )
     }
 }
 

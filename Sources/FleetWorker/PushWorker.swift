@@ -400,7 +400,7 @@ public final class PushWorker: Service, Sendable {
     func makeNotification(token: DeviceToken, of job: JobInFlight) -> OutgoingNotification {
         // The same apns-id for every in-process attempt.
         let apnsID = job.accepted.job.job.apnsID ?? random.withLock { UUIDText.random(using: &$0) }
-        return OutgoingNotification(app: job.accepted.appName, token: token, job: job.accepted.job, apnsID: apnsID)
+        return OutgoingNotification(token: token, of: job, apnsID: apnsID)
     }
 
     /// The outcome when the job's deadline or expiration has already passed; nil to send.

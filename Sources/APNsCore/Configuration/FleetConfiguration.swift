@@ -49,7 +49,11 @@ public struct FleetConfiguration: Sendable {
     }
 
     public func app(named name: String) -> AppConfiguration? {
-        apps.first(where: { $0.name == name })
+        appIndex(named: name).map { apps[$0] }
+    }
+
+    private func appIndex(named name: String) -> Int? {
+        apps.firstIndex(where: { $0.name == name })
     }
 
     /// Which app serves a job: its `app` field, else the app that lists its topic, else the
@@ -62,7 +66,7 @@ public struct FleetConfiguration: Sendable {
     /// the caller reads the fields it needs instead of copying the whole configuration.
     public func appIndex(for job: NotificationJob) throws(JobRejection) -> Int {
         if let name = job.app {
-            guard let index = apps.firstIndex(where: { $0.name == name }) else {
+            guard let index = appIndex(named: name) else {
                 let known = apps.map(\.name).joined(separator: ", ")
                 throw JobRejection(field: "app", "unknown app \(JobRules.quoted(JobRules.clip(name))); configured apps: \(known.isEmpty ? "none" : known)")
             }
@@ -71,7 +75,7 @@ public struct FleetConfiguration: Sendable {
         if let topic = job.topic, let index = apps.firstIndex(where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) {
             return index
         }
-        if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let index = apps.firstIndex(where: { $0.name == name }) {
+        if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let index = appIndex(named: name) {
             return index
         }
         throw JobRejection(field: "app", "the job names no app, its topic maps to none, and no default app is configured")

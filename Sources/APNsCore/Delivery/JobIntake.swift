@@ -55,12 +55,13 @@ public struct JobIntake: Sendable {
             let job = try decoder.decode(value: value, headers: headers)
             let jobID = job.id ?? inheritedID ?? source.derivedJobID
             do {
-                let app = try configuration.appIndex(for: job)
-                let resolved = try job.resolved(defaults: configuration.apps[app].defaults, appName: configuration.apps[app].name)
-                if configuration.apps[app].transport == .binary { try Self.checkBinaryInterface(resolved) }
+                // By index: the fields are read in place, not from a copy of the app's configuration.
+                let appIndex = try configuration.appIndex(for: job)
+                let resolved = try job.resolved(defaults: configuration.apps[appIndex].defaults, appName: configuration.apps[appIndex].name)
+                if configuration.apps[appIndex].transport == .binary { try Self.checkBinaryInterface(resolved) }
                 let tokens = try retryTokens(headers: headers, job: job)
                 return .accepted(AcceptedJob(
-                    jobID: jobID, job: resolved, appName: configuration.apps[app].name, source: source,
+                    jobID: jobID, job: resolved, appName: configuration.apps[appIndex].name, source: source,
                     previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, tokens: tokens
                 ))
             } catch {

@@ -41,8 +41,8 @@ struct FleetBenchOptions: ParsableArguments {
     var dir = ".bench"
 
     func validate() throws {
-        guard jobs > 0, warmup >= 0, warmup < jobs, partitions > 0, runs > 0 else {
-            throw ValidationError("--jobs, --partitions and --runs must be positive, and --warmup below --jobs")
+        guard jobs > 0, warmup >= 0, warmup + 1 < jobs, partitions > 0, runs > 0 else {
+            throw ValidationError("--jobs, --partitions and --runs must be positive, and --warmup must leave at least two results to measure (below --jobs - 1)")
         }
         if let mix { _ = try JobMix(parsing: mix) }
     }
