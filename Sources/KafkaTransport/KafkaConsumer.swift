@@ -683,7 +683,7 @@ final class ConsumerCore: @unchecked Sendable {
         for (partition, offset) in offsets { list.add(partition, offset: offset) }
         let error = rd_kafka_offsets_store(rk, list.pointer)
         for (partition, offset, partitionError) in TopicPartitionList.read(list.pointer) where partitionError == RD_KAFKA_RESP_ERR_NO_ERROR {
-            partitionGauge(&storedOffsetGauges, "kafka.consumer.offset.stored", partition).record(offset)
+            partitionGauge(&storedOffsetGauges, partition) { Gauge(label: "kafka.consumer.offset.stored", dimensions: $0) }.record(offset)
         }
         if error != RD_KAFKA_RESP_ERR_NO_ERROR {
             // Per-partition errors (e.g. _STATE for a partition no longer assigned) are in the list.
@@ -700,16 +700,19 @@ final class ConsumerCore: @unchecked Sendable {
 
     private func publishLag(_ rk: OpaquePointer) {
         for (partition, lag) in lag(rk) {
-            partitionGauge(&lagGauges, "kafka.consumer.lag", partition).record(lag)
+            partitionGauge(&lagGauges, partition) { Gauge(label: "kafka.consumer.lag", dimensions: $0) }.record(lag)
         }
     }
 
-    private func partitionGauge(_ gauges: inout [TopicPartition: Gauge], _ label: String, _ partition: TopicPartition) -> Gauge {
+    /// The partition's gauge from `gauges`, made by `make` (given the partition's dimensions) the
+    /// first time.
+    private func partitionGauge(
+        _ gauges: inout [TopicPartition: Gauge],
+        _ partition: TopicPartition,
+        make: ([(String, String)]) -> Gauge
+    ) -> Gauge {
         if let gauge = gauges[partition] { return gauge }
-        let gauge = Gauge(
-            label: label,
-            dimensions: [("client", configuration.client.clientID), ("topic", partition.topic), ("partition", "\(partition.partition)")]
-        )
+        let gauge = make([("client", configuration.client.clientID), ("topic", partition.topic), ("partition", "\(partition.partition)")])
         gauges[partition] = gauge
         return gauge
     }
