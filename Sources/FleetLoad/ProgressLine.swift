@@ -21,14 +21,17 @@ public struct ProgressLine: Sendable {
         if !isTerminal, let lastPrinted, now - lastPrinted < .seconds(3), done < total { return }
         lastPrinted = now
         let elapsed = (now - started).seconds
-        let rate = elapsed > 0 ? Double(done) / elapsed : 0
+        // No rate until there is time to measure it over: a first update that finds work done
+        // before the line began would divide it by microseconds (a "511,851,597/s" once).
+        let rate = elapsed >= Self.minimumRateWindow ? Double(done) / elapsed : 0
         let fraction = min(Double(done) / Double(total), 1)
         let width = 30
         let filled = Int(fraction * Double(width))
         let bar = String(repeating: "█", count: filled) + String(repeating: "░", count: width - filled)
         let remaining = rate > 0 ? Double(total - done) / rate : .infinity
         let eta = done >= total ? "done" : remaining.isFinite ? "ETA \(Self.clock(remaining))" : "ETA --"
-        let text = "\(label) \(bar) \(Self.grouped(done))/\(Self.grouped(total))  \(Self.grouped(Int(rate)))/s  \(eta)\(detail.isEmpty ? "" : "  " + detail)"
+        let rateText = rate > 0 ? Self.grouped(Int(rate)) : "--"
+        let text = "\(label) \(bar) \(Self.grouped(done))/\(Self.grouped(total))  \(rateText)/s  \(eta)\(detail.isEmpty ? "" : "  " + detail)"
         write(isTerminal ? "\r\u{1B}[2K" + text : text + "\n")
     }
 
@@ -40,6 +43,9 @@ public struct ProgressLine: Sendable {
     private func write(_ text: String) {
         FileHandle.standardError.write(Data(text.utf8))
     }
+
+    /// Seconds since the line began before a rate is shown.
+    static let minimumRateWindow = 0.5
 
     static func clock(_ seconds: Double) -> String {
         let total = Int(seconds.rounded())
