@@ -43,8 +43,8 @@ public struct APNsNotification: Sendable {
         self.payload = payload
     }
 
-    /// The notification of `job` for one of its tokens; `apnsID` replaces the job's own.
-    public init(job: ResolvedJob, token: DeviceToken, apnsID: String? = nil) {
+    /// The notification of `job` for one of its tokens.
+    public init(job: ResolvedJob, token: DeviceToken) {
         self.init(
             deviceToken: token.hex,
             topic: job.topic,
@@ -52,7 +52,7 @@ public struct APNsNotification: Sendable {
             priority: job.priority,
             expiration: job.job.expiration,
             collapseID: job.job.collapseID,
-            apnsID: apnsID ?? job.job.apnsID,
+            apnsID: job.job.apnsID,
             payload: job.job.payload
         )
     }

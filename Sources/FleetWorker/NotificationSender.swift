@@ -15,8 +15,9 @@ public final class OutgoingNotification: Sendable {
     public let request: APNsNotification
 
     /// The notification of `job` for `token`; `apnsID` stays the same across in-process attempts.
-    /// Each field is read from where the job is stored: passing the whole `ResolvedJob` along
-    /// copied it, a retain for every string inside.
+    /// Each field is read from where the job is stored, rather than through
+    /// `APNsNotification(job:token:)`: handing it the whole `ResolvedJob` copied the job, a
+    /// retain for every string inside (counted with uprobes).
     init(token: DeviceToken, of job: JobInFlight, apnsID: String) {
         self.app = job.accepted.appName
         self.environment = job.accepted.job.environment
