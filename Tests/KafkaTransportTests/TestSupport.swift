@@ -102,8 +102,6 @@ extension String {
     var bytes: [UInt8] { Array(utf8) }
 }
 
-/// A value shared between tasks.
-
 /// Keeps what a producer reported to it.
 final class RecordingRecipient: KafkaDeliveryRecipient, @unchecked Sendable {
     private let state = Mutex<[Result<KafkaDeliveryReport, KafkaError>]>([])
