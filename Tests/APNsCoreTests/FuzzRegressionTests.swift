@@ -49,4 +49,11 @@ struct FuzzRegressionTests {
         #expect(actual == reason)
         #expect(actual?.unicodeScalars.contains { $0.value < 0x20 } == false)
     }
+
+    @Test("a repeated key with a control character names the key escaped, never raw")
+    func repeatedKeyWithControlCharacter() {
+        let reason = Self.reason(Array(#"{"a\tb":1,"a\tb":2}"#.utf8))
+        #expect(reason == #"a\u0009b: key "a\u0009b" appears more than once"#)
+        #expect(reason?.unicodeScalars.contains { $0.value < 0x20 } == false)
+    }
 }

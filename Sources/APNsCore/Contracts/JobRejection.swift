@@ -15,9 +15,11 @@ public struct JobRejection: Error, Sendable, Hashable, CustomStringConvertible {
         JobRejection(field: field, message)
     }
 
+    /// The field is escaped and clipped like any other quoted value: it can be a key the
+    /// producer wrote (an unknown or repeated one), and the reason travels in a Kafka header.
     public var reason: String {
         guard let field else { return message }
-        return "\(field): \(message)"
+        return "\(JobRules.escaped(JobRules.clip(field))): \(message)"
     }
 
     public var description: String { reason }
