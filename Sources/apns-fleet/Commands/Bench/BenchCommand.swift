@@ -14,6 +14,6 @@ struct BenchCommand: AsyncParsableCommand {
               .build/release/apns-fleet bench e2e --runs 3 --markdown bench.md
               scripts/plot_bench.py bench.jsonl --out docs/bench.png
             """,
-        subcommands: [ClientBenchCommand.self, KafkaBenchCommand.self, E2EBenchCommand.self, ScalingBenchCommand.self]
+        subcommands: [ClientBenchCommand.self, CodecBenchCommand.self, KafkaBenchCommand.self, E2EBenchCommand.self, ScalingBenchCommand.self]
     )
 }
