@@ -1,3 +1,26 @@
+/// An object key for ``JSONWriter``. A literal key is written as it is, without the escaping
+/// scan a value gets: result fields are written for every notification, and scanning their
+/// constant names showed in profiles. Literal keys must therefore need no escaping (checked in
+/// debug builds); a key made at run time goes through ``init(_:)`` and is escaped.
+public struct JSONKey: ExpressibleByStringLiteral, Sendable {
+    fileprivate enum Storage: Sendable {
+        case literal(StaticString)
+        case dynamic(String)
+    }
+
+    fileprivate let storage: Storage
+
+    public init(stringLiteral value: StaticString) {
+        assert(value.withUTF8Buffer { !$0.contains(where: JSONWriter.needsEscape) }, "a literal JSON key must need no escaping")
+        storage = .literal(value)
+    }
+
+    /// A key known only at run time (escaped when written).
+    public init(_ name: String) {
+        storage = .dynamic(name)
+    }
+}
+
 /// Appends compact JSON to a byte buffer. Results are written on the hot path, so this avoids
 /// Foundation's encoders and writes fields in a fixed order.
 public struct JSONWriter {
@@ -20,7 +43,7 @@ public struct JSONWriter {
     }
 
     /// Opens an object as the value of `key` inside the current object.
-    public mutating func beginObject(_ key: String) {
+    public mutating func beginObject(_ key: JSONKey) {
         writeKey(key)
         bytes.append(UInt8(ascii: "{"))
         pushLevel()
@@ -31,7 +54,7 @@ public struct JSONWriter {
         popLevel()
     }
 
-    public mutating func beginArray(_ key: String) {
+    public mutating func beginArray(_ key: JSONKey) {
         writeKey(key)
         bytes.append(UInt8(ascii: "["))
         pushLevel()
@@ -42,29 +65,29 @@ public struct JSONWriter {
         popLevel()
     }
 
-    public mutating func field(_ key: String, _ value: String?) {
+    public mutating func field(_ key: JSONKey, _ value: String?) {
         writeKey(key)
         guard let value else { return appendLiteral("null") }
         appendString(value)
     }
 
-    public mutating func field(_ key: String, _ value: Int64?) {
+    public mutating func field(_ key: JSONKey, _ value: Int64?) {
         writeKey(key)
         guard let value else { return appendLiteral("null") }
-        bytes.append(contentsOf: String(value).utf8)
+        appendInteger(value)
     }
 
-    public mutating func field(_ key: String, _ value: Bool) {
+    public mutating func field(_ key: JSONKey, _ value: Bool) {
         writeKey(key)
         appendLiteral(value ? "true" : "false")
     }
 
-    public mutating func field(_ key: String, _ value: Int?) {
+    public mutating func field(_ key: JSONKey, _ value: Int?) {
         field(key, value.map(Int64.init))
     }
 
     /// A number with at most `decimals` fraction digits (latencies); non-finite values become null.
-    public mutating func field(_ key: String, _ value: Double, decimals: Int = 3) {
+    public mutating func field(_ key: JSONKey, _ value: Double, decimals: Int = 3) {
         writeKey(key)
         guard value.isFinite else { return appendLiteral("null") }
         var scale = 1.0
@@ -96,7 +119,7 @@ public struct JSONWriter {
     }
 
     /// `"2026-11-22T10:00:00.123Z"`, written in place.
-    public mutating func field(_ key: String, _ value: UnixMillis) {
+    public mutating func field(_ key: JSONKey, _ value: UnixMillis) {
         writeKey(key)
         bytes.append(UInt8(ascii: "\""))
         value.appendRFC3339(to: &bytes)
@@ -130,7 +153,7 @@ public struct JSONWriter {
     }
 
     /// Embeds already-valid JSON bytes verbatim (for example a job's `meta`).
-    public mutating func field(_ key: String, raw: RawJSON?) {
+    public mutating func field(_ key: JSONKey, raw: RawJSON?) {
         writeKey(key)
         guard let raw else { return appendLiteral("null") }
         bytes.append(contentsOf: raw.bytes)
@@ -142,9 +165,16 @@ public struct JSONWriter {
         appendString(value)
     }
 
-    private mutating func writeKey(_ key: String) {
+    private mutating func writeKey(_ key: JSONKey) {
         separator()
-        appendString(key)
+        switch key.storage {
+        case .literal(let name):
+            bytes.append(UInt8(ascii: "\""))
+            name.withUTF8Buffer { bytes.append(contentsOf: $0) }
+            bytes.append(UInt8(ascii: "\""))
+        case .dynamic(let name):
+            appendString(name)
+        }
         bytes.append(UInt8(ascii: ":"))
     }
 
@@ -181,7 +211,7 @@ public struct JSONWriter {
 
     private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
 
-    private static func needsEscape(_ byte: UInt8) -> Bool {
+    fileprivate static func needsEscape(_ byte: UInt8) -> Bool {
         byte < 0x20 || byte == 0x7F || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")
     }
 
@@ -189,7 +219,18 @@ public struct JSONWriter {
         bytes.append(UInt8(ascii: "\""))
         // Almost every string (tokens, ids, topics, reasons) needs no escaping: copy it in one go.
         let copied = value.utf8.withContiguousStorageIfAvailable { utf8 -> Bool in
-            guard !utf8.contains(where: Self.needsEscape) else { return false }
+            // Every byte is looked at, without an early exit, so that the compiler can check
+            // many at once (SIMD); most strings are scanned to the end anyway.
+            var special: UInt8 = 0
+            for byte in utf8 {
+                // Bitwise, not `||`: a branch per byte keeps the loop scalar.
+                let control: UInt8 = byte < 0x20 ? 1 : 0
+                let quote: UInt8 = byte == UInt8(ascii: "\"") ? 1 : 0
+                let backslash: UInt8 = byte == UInt8(ascii: "\\") ? 1 : 0
+                let delete: UInt8 = byte == 0x7F ? 1 : 0
+                special |= control | quote | backslash | delete
+            }
+            guard special == 0 else { return false }
             bytes.append(contentsOf: utf8)
             return true
         }

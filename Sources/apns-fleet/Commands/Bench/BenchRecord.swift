@@ -45,9 +45,9 @@ struct BenchRecord {
         writer.beginObject()
         for (key, value) in fields {
             switch value {
-            case .int(let number): writer.field(key, number)
-            case .number(let number, let decimals): writer.field(key, number, decimals: decimals)
-            case .text(let text): writer.field(key, text)
+            case .int(let number): writer.field(JSONKey(key), number)
+            case .number(let number, let decimals): writer.field(JSONKey(key), number, decimals: decimals)
+            case .text(let text): writer.field(JSONKey(key), text)
             }
         }
         writer.endObject()
