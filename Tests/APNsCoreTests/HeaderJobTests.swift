@@ -51,6 +51,7 @@ struct HeaderJobTests {
             ([("apns-token", tokenA), ("apns-id", "not-a-uuid")], "apns-id header: apns-id \"not-a-uuid\" is not a canonical UUID (8-4-4-4-12 hex digits)"),
             ([("apns-token", tokenA), ("apns-push-type", "ALERT")], "apns-push-type header: unknown push type \"ALERT\"; expected one of alert, background, location, voip, complication, fileprovider, mdm, liveactivity, pushtotalk, widgets, controls"),
             ([("apns-token", tokenA), ("apns-topic", "a"), ("apns-topic", "b")], "apns-topic header: header apns-topic appears more than once"),
+            ([("apns-token", tokenA), ("x-trace-id", "1"), ("x-trace-id", "2"), ("apns-token", tokenA)], "apns-token header: header apns-token appears more than once"),
             ([("apns-token", tokenA), ("meta", "[1]")], "meta header: meta must be a JSON object: invalid JSON at byte 0: expected a JSON object"),
         ]
     )

@@ -115,10 +115,21 @@ struct JobEnvelopeTests {
             (#"{"token":"\#(tokenA)","payload":{},"meta":[]}"#, "meta: meta must be a JSON object"),
             (#"{"token":"\#(tokenA)","payload":{},"deadline":"tomorrow"}"#, "deadline: deadline must be an integer, got a string"),
             (#"{"token":"\#(tokenA)","payload":{},"token":"\#(tokenB)"}"#, "token: key \"token\" appears more than once"),
+            // A key written with escapes is the same key: a repeat is caught either way round.
+            (#"{"token":"\#(tokenA)","payload":{},"to\u006ben":"\#(tokenB)"}"#, "token: key \"token\" appears more than once"),
+            (#"{"x\u0079":1,"token":"\#(tokenA)","payload":{},"xy":2}"#, "xy: key \"xy\" appears more than once"),
         ]
     )
     func rules(input: String, reason: String) {
         #expect(rejection(input) == reason)
+    }
+
+    @Test("keys are read by their text: escaped known keys count, near-misses are unknown keys")
+    func keysByText() throws {
+        let job = try decode(#"{"to\u006Ben":"\#(tokenA)","p\u0061yload":{"aps":{}},"\u0074opic":"com.example.app","tokenx":1,"toke":2}"#)
+        #expect(job.tokens.map(\.hex) == [tokenA])
+        #expect(job.topic == "com.example.app")
+        #expect(job.payload.description == #"{"aps":{}}"#)
     }
 
     @Test("a collapse id of exactly 64 bytes is accepted; multi-byte characters count as bytes")

@@ -52,17 +52,22 @@ public struct JobDecoder: Sendable {
             var seenKnown: UInt16 = 0
             var seenOther: Set<String> = []
             var first = true
-            while let key = try parser.nextKey(first: first) {
+            while let rawKey = try parser.nextRawKey(first: first) {
                 first = false
-                let known = EnvelopeKey(key)
+                // Known keys are matched on their bytes: no String per key. A key written with
+                // escapes ("to\u006ben") is read as text first, so it still counts as itself.
+                let known = rawKey.hasEscapes
+                    ? EnvelopeKey(try parser.string(of: rawKey))
+                    : EnvelopeKey.all.first { parser.key(rawKey, is: $0.staticName) }
                 let repeated: Bool
                 if let known {
                     repeated = seenKnown & known.bit != 0
                     seenKnown |= known.bit
                 } else {
-                    repeated = !seenOther.insert(key).inserted
+                    repeated = !seenOther.insert(try parser.string(of: rawKey)).inserted
                 }
                 guard !repeated else {
+                    let key = try parser.string(of: rawKey)
                     throw EnvelopeError.rejection(JobRejection(field: key, "key \(JobRules.quoted(JobRules.clip(key))) appears more than once"))
                 }
                 switch known {
@@ -95,30 +100,16 @@ public struct JobDecoder: Sendable {
 
     /// The envelope keys the decoder reads. Their values sit in fixed slots (no dictionary per
     /// job); `payload` and `meta` are kept as raw byte ranges instead.
-    private enum EnvelopeKey: Int {
+    private enum EnvelopeKey: Int, CaseIterable {
         case id, tokens, token, topic, pushType, priority, expiration, collapseID, environment, app, deadline
         case payload, meta
 
         init?(_ name: String) {
-            switch name {
-            case "id": self = .id
-            case "tokens": self = .tokens
-            case "token": self = .token
-            case "topic": self = .topic
-            case "push_type": self = .pushType
-            case "priority": self = .priority
-            case "expiration": self = .expiration
-            case "collapse_id": self = .collapseID
-            case "environment": self = .environment
-            case "app": self = .app
-            case "deadline": self = .deadline
-            case "payload": self = .payload
-            case "meta": self = .meta
-            default: return nil
-            }
+            guard let key = Self.allCases.first(where: { $0.name == name }) else { return nil }
+            self = key
         }
 
-        var name: String {
+        var staticName: StaticString {
             switch self {
             case .id: "id"
             case .tokens: "tokens"
@@ -135,6 +126,11 @@ public struct JobDecoder: Sendable {
             case .meta: "meta"
             }
         }
+
+        var name: String { staticName.description }
+
+        /// Every key, for matching raw key bytes (made once, not per key).
+        static let all = allCases
 
         var bit: UInt16 { 1 << UInt16(rawValue) }
     }
@@ -254,19 +250,22 @@ public struct JobDecoder: Sendable {
     // MARK: - Headers + raw payload
 
     public func decodeHeaderJob(headers: [RecordHeader], payload: [UInt8]) throws(JobRejection) -> NotificationJob {
-        var values: [String: String] = [:]
-        for header in headers where Self.headerKeys.contains(header.key) {
+        // One slot per header the encoding defines (no dictionary, no hashing per record).
+        var values = InlineArray<10, String?>(repeating: nil)
+        for header in headers {
+            guard let key = HeaderKey(name: header.key) else { continue }
             guard header.value != nil else {
                 throw JobRejection(field: "\(header.key) header", "header \(header.key) has no value")
             }
             guard let text = header.text else {
                 throw JobRejection(field: "\(header.key) header", "header \(header.key) is not valid UTF-8")
             }
-            guard values.updateValue(text, forKey: header.key) == nil else {
+            guard values[key.rawValue] == nil else {
                 throw JobRejection(field: "\(header.key) header", "header \(header.key) appears more than once")
             }
+            values[key.rawValue] = text
         }
-        guard let tokenText = values["apns-token"] else {
+        guard let tokenText = values[HeaderKey.token.rawValue] else {
             throw JobRejection(field: "apns-token header", "no device token: the apns-token header is missing")
         }
         let token: DeviceToken
@@ -283,19 +282,19 @@ public struct JobDecoder: Sendable {
         }
         var job = NotificationJob(tokens: [token], payload: RawJSON(bytes: payload[...]), encoding: .headers)
 
-        func rule<T>(_ header: String, _ check: (String) throws(JobRejection) -> T) throws(JobRejection) -> T? {
-            guard let text = values[header] else { return nil }
-            do { return try check(text) } catch { throw error.at("\(header) header") }
+        func rule<T>(_ header: HeaderKey, _ check: (String) throws(JobRejection) -> T) throws(JobRejection) -> T? {
+            guard let text = values[header.rawValue] else { return nil }
+            do { return try check(text) } catch { throw error.at("\(header.name) header") }
         }
-        job.topic = try rule("apns-topic", JobRules.topic)
-        job.pushType = try rule("apns-push-type", JobRules.pushType)
-        job.priority = try rule("apns-priority") { text throws(JobRejection) in try JobRules.priority(Int64(text), literal: text) }
-        job.expiration = try rule("apns-expiration") { text throws(JobRejection) in try JobRules.expiration(Int64(text), literal: text) }
-        job.collapseID = try rule("apns-collapse-id", JobRules.collapseID)
-        job.apnsID = try rule("apns-id", JobRules.apnsID)
-        job.id = try rule("job-id") { text throws(JobRejection) in try JobRules.identifier(text, field: "job-id") }
-        job.app = try rule("app") { text throws(JobRejection) in try JobRules.identifier(text, field: "app") }
-        if let metaText = values["meta"] {
+        job.topic = try rule(.topic, JobRules.topic)
+        job.pushType = try rule(.pushType, JobRules.pushType)
+        job.priority = try rule(.priority) { text throws(JobRejection) in try JobRules.priority(Int64(text), literal: text) }
+        job.expiration = try rule(.expiration) { text throws(JobRejection) in try JobRules.expiration(Int64(text), literal: text) }
+        job.collapseID = try rule(.collapseID, JobRules.collapseID)
+        job.apnsID = try rule(.apnsID, JobRules.apnsID)
+        job.id = try rule(.jobID) { text throws(JobRejection) in try JobRules.identifier(text, field: "job-id") }
+        job.app = try rule(.app) { text throws(JobRejection) in try JobRules.identifier(text, field: "app") }
+        if let metaText = values[HeaderKey.meta.rawValue] {
             let bytes = Array(metaText.utf8)
             guard bytes.count <= JobRules.maximumMetaBytes else {
                 throw JobRejection(field: "meta header", "meta is \(bytes.count) bytes; at most \(JobRules.maximumMetaBytes) are allowed")
@@ -311,10 +310,33 @@ public struct JobDecoder: Sendable {
         return job
     }
 
-    static let headerKeys: Set<String> = [
-        "apns-token", "apns-topic", "apns-push-type", "apns-priority", "apns-expiration",
-        "apns-collapse-id", "apns-id", "job-id", "app", "meta",
-    ]
+    /// The headers of the header encoding; any other header is the producer's own and ignored.
+    /// The raw value is the header's slot in `decodeHeaderJob`.
+    private enum HeaderKey: Int, CaseIterable {
+        case token, topic, pushType, priority, expiration, collapseID, apnsID, jobID, app, meta
+
+        init?(name: String) {
+            guard let key = Self.all.first(where: { $0.name == name }) else { return nil }
+            self = key
+        }
+
+        var name: String {
+            switch self {
+            case .token: "apns-token"
+            case .topic: "apns-topic"
+            case .pushType: "apns-push-type"
+            case .priority: "apns-priority"
+            case .expiration: "apns-expiration"
+            case .collapseID: "apns-collapse-id"
+            case .apnsID: "apns-id"
+            case .jobID: "job-id"
+            case .app: "app"
+            case .meta: "meta"
+            }
+        }
+
+        static let all = allCases
+    }
 
     private func checkRecordSize(_ count: Int) throws(JobRejection) {
         guard count <= limits.maximumRecordBytes else {

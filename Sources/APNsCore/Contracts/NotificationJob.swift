@@ -142,18 +142,21 @@ extension NotificationJob {
     /// Fills omitted fields from the app's defaults and checks the rules that depend on them
     /// (a topic must exist in the end; the payload limit depends on the push type).
     public func resolved(defaults: JobDefaults, appName: String? = nil) throws(JobRejection) -> ResolvedJob {
+        let settled = try settledFields(defaults: defaults, appName: appName)
+        return ResolvedJob(job: self, topic: settled.topic, pushType: settled.pushType, priority: settled.priority, environment: settled.environment)
+    }
+
+    /// What `resolved` settles, without making the `ResolvedJob`: the intake checks everything
+    /// first and then hands its job over (`consume`) instead of copying it into one.
+    func settledFields(defaults: JobDefaults, appName: String?) throws(JobRejection)
+        -> (topic: String, pushType: PushType, priority: NotificationPriority, environment: APNsEnvironment)
+    {
         guard let topic = topic ?? defaults.topic else {
             let app = appName.map { " and app '\($0)' has no default topic" } ?? ""
             throw JobRejection(field: "topic", "no topic: the job has none\(app)")
         }
         let pushType = pushType ?? defaults.pushType
         try JobRules.checkPayloadSize(payload.count, pushType: pushType)
-        return ResolvedJob(
-            job: self,
-            topic: topic,
-            pushType: pushType,
-            priority: priority ?? defaults.priority,
-            environment: environment ?? defaults.environment
-        )
+        return (topic, pushType, priority ?? defaults.priority, environment ?? defaults.environment)
     }
 }

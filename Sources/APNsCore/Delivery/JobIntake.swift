@@ -57,9 +57,14 @@ public struct JobIntake: Sendable {
             do {
                 // By index: the fields are read in place, not from a copy of the app's configuration.
                 let appIndex = try configuration.appIndex(for: job)
-                let resolved = try job.resolved(defaults: configuration.apps[appIndex].defaults, appName: configuration.apps[appIndex].name)
-                if configuration.apps[appIndex].transport == .binary { try Self.checkBinaryInterface(resolved) }
+                let settled = try job.settledFields(defaults: configuration.apps[appIndex].defaults, appName: configuration.apps[appIndex].name)
+                if configuration.apps[appIndex].transport == .binary { try Self.checkBinaryInterface(job) }
                 let tokens = try retryTokens(headers: headers, job: job)
+                // Nothing can fail past this point, so the job moves into the result uncopied.
+                let resolved = ResolvedJob(
+                    job: consume job, topic: settled.topic, pushType: settled.pushType,
+                    priority: settled.priority, environment: settled.environment
+                )
                 return .accepted(AcceptedJob(
                     jobID: jobID, job: resolved, appName: configuration.apps[appIndex].name, source: source,
                     previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, tokens: tokens
@@ -75,12 +80,12 @@ public struct JobIntake: Sendable {
 
     /// The legacy binary interface's own limits, so that a job it can never carry is `invalid`
     /// (with a DLQ copy) rather than refused later by the gateway.
-    static func checkBinaryInterface(_ job: ResolvedJob) throws(JobRejection) {
+    static func checkBinaryInterface(_ job: NotificationJob) throws(JobRejection) {
         let limit = LegacyNotification.maximumPayloadBytes
-        guard job.job.payload.count <= limit else {
-            throw JobRejection(field: "payload", "payload is \(job.job.payload.count) bytes; the legacy binary interface (protocol binary) allows at most \(limit)")
+        guard job.payload.count <= limit else {
+            throw JobRejection(field: "payload", "payload is \(job.payload.count) bytes; the legacy binary interface (protocol binary) allows at most \(limit)")
         }
-        if let token = job.job.tokens.first(where: { $0.bytes.count != LegacyNotification.tokenBytes }) {
+        if let token = job.tokens.first(where: { $0.bytes.count != LegacyNotification.tokenBytes }) {
             throw JobRejection(field: "token", "device token \(token.redacted) is \(token.bytes.count) bytes; the legacy binary interface takes \(LegacyNotification.tokenBytes)")
         }
     }

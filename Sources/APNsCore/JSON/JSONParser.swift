@@ -74,6 +74,45 @@ public struct JSONParser {
         return key
     }
 
+    /// A member key as it sits in the input: `range` is the text between the quotes.
+    struct RawKey {
+        var range: Range<Int>
+        var hasEscapes: Bool
+    }
+
+    /// Like ``nextKey(first:)``, without making a String: the envelope decoder matches the keys
+    /// it knows on their bytes and asks for ``string(of:)`` only when it needs the text.
+    mutating func nextRawKey(first: Bool) throws(JSONSyntaxError) -> RawKey? {
+        skipWhitespace()
+        if peek() == UInt8(ascii: "}") {
+            index += 1
+            return nil
+        }
+        if !first {
+            try expect(UInt8(ascii: ","), "expected ',' or '}' in object")
+            skipWhitespace()
+        }
+        guard peek() == UInt8(ascii: "\"") else {
+            throw JSONSyntaxError("expected a string key in object", at: index)
+        }
+        let start = index + 1
+        let (hasEscapes, closing) = try scanString()
+        skipWhitespace()
+        try expect(UInt8(ascii: ":"), "expected ':' after object key")
+        return RawKey(range: start..<closing, hasEscapes: hasEscapes)
+    }
+
+    /// The text of a key read by ``nextRawKey(first:)``, escapes resolved.
+    func string(of key: RawKey) throws(JSONSyntaxError) -> String {
+        key.hasEscapes ? try unescape(key.range) : String(decoding: bytes[key.range], as: UTF8.self)
+    }
+
+    /// Whether a key read by ``nextRawKey(first:)`` without escapes is exactly `name`.
+    func key(_ key: RawKey, is name: StaticString) -> Bool {
+        guard key.range.count == name.utf8CodeUnitCount else { return false }
+        return name.withUTF8Buffer { bytes[key.range].elementsEqual($0) }
+    }
+
     /// Skips the next value and returns the byte range it occupied.
     mutating func skipValueReturningRange() throws(JSONSyntaxError) -> Range<Int> {
         skipWhitespace()
