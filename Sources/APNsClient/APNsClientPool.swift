@@ -75,7 +75,7 @@ public final class APNsClientPool: Service, Sendable {
         var logger = logger
         logger[metadataKey: "apns.app"] = "\(configuration.name)"
         self.logger = logger
-        self.metrics = ClientMetrics(app: configuration.name)
+        self.metrics = ClientMetrics(app: configuration.name, environment: configuration.endpoint.metricLabel)
         self.sslContext = try configuration.makeTLSContext()
         self.state = Mutex(State(tokenRejections: TokenRejectionTracker(threshold: configuration.tokenRejectionsBeforeError)))
     }

@@ -3,7 +3,9 @@ import CoreMetrics
 import Metrics
 import Synchronization
 
-/// The client's swift-metrics instruments for one pool (dimension `app`).
+/// The client's swift-metrics instruments for one pool (dimensions `app` and `environment`:
+/// production, sandbox or custom). One app can have a pool per environment, and without the
+/// second dimension their gauges overwrote each other.
 ///
 /// - `apns.client.requests` (counter; `status`, `reason`): APNs answers.
 /// - `apns.client.not_answered` (counter; `kind`): refused, GOAWAY, timeout, connection failed.
@@ -16,6 +18,7 @@ import Synchronization
 /// - `apns.client.tokens_minted` (counter).
 final class ClientMetrics: Sendable {
     let app: String
+    let environment: String
     let latency: Metrics.Timer
     let inFlight: Gauge
     let waiting: Gauge
@@ -28,16 +31,17 @@ final class ClientMetrics: Sendable {
     private let events = Mutex<[String: Counter]>([:])
     private let retries = Mutex<[String: Counter]>([:])
 
-    init(app: String) {
+    init(app: String, environment: String) {
         self.app = app
-        let dimensions = [("app", app)]
+        self.environment = environment
+        let dimensions = [("app", app), ("environment", environment)]
         latency = Metrics.Timer(label: "apns.client.latency", dimensions: dimensions)
         inFlight = Gauge(label: "apns.client.in_flight", dimensions: dimensions)
         waiting = Gauge(label: "apns.client.waiting", dimensions: dimensions)
         streamLimit = Gauge(label: "apns.client.stream_limit", dimensions: dimensions)
         usableConnections = Gauge(label: "apns.client.connections.usable", dimensions: dimensions)
         tokensMinted = Counter(label: "apns.client.tokens_minted", dimensions: dimensions)
-        ok = Counter(label: "apns.client.requests", dimensions: [("app", app), ("status", "200"), ("reason", "")])
+        ok = Counter(label: "apns.client.requests", dimensions: [("app", app), ("environment", environment), ("status", "200"), ("reason", "")])
     }
 
     func record(_ outcome: APNsOutcome) {
@@ -49,13 +53,13 @@ final class ClientMetrics: Sendable {
             } else {
                 let reason = response.reason?.rawValue ?? ""
                 counter(in: answers, key: "\(response.status) \(reason)") {
-                    Counter(label: "apns.client.requests", dimensions: [("app", self.app), ("status", String(response.status)), ("reason", reason)])
+                    Counter(label: "apns.client.requests", dimensions: [("app", self.app), ("environment", self.environment), ("status", String(response.status)), ("reason", reason)])
                 }.increment()
             }
         case .notAnswered(let why):
             let kind = why.kind.description
             counter(in: notAnswered, key: kind) {
-                Counter(label: "apns.client.not_answered", dimensions: [("app", self.app), ("kind", kind)])
+                Counter(label: "apns.client.not_answered", dimensions: [("app", self.app), ("environment", self.environment), ("kind", kind)])
             }.increment()
         }
     }
@@ -86,14 +90,14 @@ final class ClientMetrics: Sendable {
 
     func connectionEvent(_ event: String) {
         counter(in: events, key: event) {
-            Counter(label: "apns.client.connections", dimensions: [("app", self.app), ("event", event)])
+            Counter(label: "apns.client.connections", dimensions: [("app", self.app), ("environment", self.environment), ("event", event)])
         }.increment()
     }
 
     func unprocessedRetry(_ kind: APNsNotAnswered.Kind) {
         let name = kind.description
         counter(in: retries, key: name) {
-            Counter(label: "apns.client.unprocessed_retries", dimensions: [("app", self.app), ("kind", name)])
+            Counter(label: "apns.client.unprocessed_retries", dimensions: [("app", self.app), ("environment", self.environment), ("kind", name)])
         }.increment()
     }
 

@@ -175,6 +175,9 @@ struct WorkerLifecycleTests {
         #expect(value("apns_worker_added_latency_bucket", ["le": "0.002"]) != nil, "millisecond buckets, to judge the 2 ms target")
         #expect(value("apns_worker_partitions_paused", ["reason": "back_pressure"]) == 0)
         #expect(value("apns_worker_partitions_paused", ["reason": "retry_wait"]) == 0)
+        // The client's own figures carry the pool's environment too (custom: the simulator).
+        #expect(value("apns_client_requests", ["app": "example", "environment": "custom", "status": "200"]) == 32)
+        #expect((value("apns_client_connections_usable", ["app": "example", "environment": "custom"]) ?? 0) >= 1)
 
         // APNs goes away: not ready any more, though still alive.
         await simulator.stop(gracePeriod: .zero)

@@ -205,6 +205,15 @@ public struct AppConfiguration: Sendable {
             case .custom(_, let port, _): port
             }
         }
+
+        /// The `environment` label of the client's metrics: production, sandbox or custom.
+        public var metricLabel: String {
+            switch self {
+            case .production: "production"
+            case .sandbox: "sandbox"
+            case .custom: "custom"
+            }
+        }
     }
 
     public enum TransportProtocol: String, Sendable, CaseIterable {
