@@ -811,6 +811,10 @@ final class ConsumerCore: @unchecked Sendable {
             for partition in partitions {
                 epochs.removeValue(forKey: partition)
                 rdPaused.remove(partition)
+                // No longer this member's to report: a gauge left behind kept exporting its last
+                // value, so a sum over the group counted a partition's lag twice after a rebalance.
+                storedOffsetGauges.removeValue(forKey: partition)?.destroy()
+                lagGauges.removeValue(forKey: partition)?.destroy()
             }
             locked { appliedPauses.subtract(partitions) }
             if cooperative {
