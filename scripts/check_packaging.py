@@ -499,10 +499,9 @@ class Checker:
             return
         for app in effective.get("apps", []):
             auth = str(effective.get(f"app.{app}.auth", "token"))
-            environment = str(effective.get(f"app.{app}.environment", "production"))
-            # Apple's legacy endpoints are defaults only for certificate apps; a token app has one
-            # only when legacy-feedback is set explicitly.
-            has_endpoint = f"app.{app}.legacy-feedback" in effective or (auth == "certificate" and environment in ("production", "sandbox"))
+            # Legacy endpoints have no default (Apple closed its own in 2021): only an app that
+            # sets legacy-feedback has one.
+            has_endpoint = f"app.{app}.legacy-feedback" in effective
             tls = str(effective.get(f"app.{app}.legacy-tls", "true")).lower() in ("true", "yes", "1", "on")
             if auth == "token" and has_endpoint and tls:
                 self.problem(path, f"{where}: app {app} uses token auth, and its legacy feedback service is over TLS "

@@ -165,14 +165,18 @@ struct FleetConfigurationDecoder {
         }
         let legacyTLS = try bool(key("legacy-tls"), default: true)
         let legacyCA = try string(key("ca-file"))
-        // Apple's legacy endpoints take only certificates, so only certificate apps get them by
-        // default; a token app has a legacy endpoint only when one is set explicitly.
-        var usesCertificates = false
-        if case .certificate = authentication { usesCertificates = true }
+        // No defaults: Apple ended its binary interface and feedback service (gateway and
+        // feedback.push.apple.com) on 31 March 2021, so a default would only poll, or send to,
+        // hosts that no longer serve them. They are used where set (the simulator, a gateway of
+        // your own).
         let gateway = try hostPort(key("legacy-gateway"), tls: legacyTLS, caFile: legacyCA)
-            ?? (usesCertificates ? legacyDefault(endpoint, gateway: true, tls: legacyTLS) : nil)
         let feedback = try hostPort(key("legacy-feedback"), tls: legacyTLS, caFile: legacyCA)
-            ?? (usesCertificates ? legacyDefault(endpoint, gateway: false, tls: legacyTLS) : nil)
+        if transport == .binary, gateway == nil {
+            throw ConfigurationError(
+                key: key("legacy-gateway"),
+                "is required for protocol binary (Apple's own binary gateway closed on 31 March 2021; use protocol http2 for Apple)"
+            )
+        }
 
         let legacyFormat: LegacyNotification.Format
         switch try string(key("legacy-format")) ?? "enhanced" {
@@ -194,14 +198,6 @@ struct FleetConfigurationDecoder {
         app.legacyFormat = legacyFormat
         app.legacyQuietPeriodMilliseconds = try int(key("legacy-quiet-period-ms"), default: 1000, range: 10...60_000)
         return app
-    }
-
-    private func legacyDefault(_ endpoint: AppConfiguration.Endpoint, gateway: Bool, tls: Bool) -> LegacyEndpoint? {
-        switch endpoint {
-        case .production: LegacyEndpoint(host: gateway ? "gateway.push.apple.com" : "feedback.push.apple.com", port: gateway ? 2195 : 2196, tls: true)
-        case .sandbox: LegacyEndpoint(host: gateway ? "gateway.sandbox.push.apple.com" : "feedback.sandbox.push.apple.com", port: gateway ? 2195 : 2196, tls: true)
-        case .custom: nil
-        }
     }
 
     private func checkAppleID(_ value: String, key: String) throws(ConfigurationError) {
