@@ -11,7 +11,7 @@ struct BenchCommand: AsyncParsableCommand {
 
             Example:
               swift build -c release --product apns-fleet
-              .build/release/apns-fleet bench e2e --runs 3 --markdown bench.md
+              .build/release/apns-fleet bench e2e --runs 3 --markdown bench.md | tee bench.jsonl
               scripts/plot_bench.py bench.jsonl --out docs/bench.png
             """,
         subcommands: [ClientBenchCommand.self, CodecBenchCommand.self, KafkaBenchCommand.self, E2EBenchCommand.self, ScalingBenchCommand.self]
