@@ -15,7 +15,12 @@ struct ValidateJobCommand: AsyncParsableCommand {
             would put in its `invalid` result. With --header, the input is instead the raw APNs \
             payload of a header-encoded job.
 
-            Exit status: 0 when every job is valid, 1 when any is invalid, 2 on a usage error.
+            With --config, each job goes through the worker's own intake: its app, default topic \
+            and push type, worker.max-tokens-per-job, and the binary interface's limits for apps \
+            with protocol binary.
+
+            Exit status: 0 when every job is valid, 1 when any is invalid, 2 on a usage error \
+            (including a configuration that does not load).
 
             Examples:
               apns-fleet validate-job jobs.jsonl
@@ -34,8 +39,8 @@ struct ValidateJobCommand: AsyncParsableCommand {
     @Option(help: "A configuration file: jobs are then also resolved against its apps (unknown app, missing topic).")
     var config: String?
 
-    @Option(help: "Most tokens one job may carry (worker.max-tokens-per-job).")
-    var maxTokens: Int = 1000
+    @Option(help: "Most tokens one job may carry (default: worker.max-tokens-per-job from --config, otherwise 1000).")
+    var maxTokens: Int?
 
     @Flag(help: "Print only the invalid jobs.")
     var quiet = false
@@ -44,7 +49,7 @@ struct ValidateJobCommand: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        guard maxTokens >= 1 else { throw ValidationError("--max-tokens must be at least 1") }
+        if let maxTokens, maxTokens < 1 { throw ValidationError("--max-tokens must be at least 1") }
         for header in headers where !header.contains("=") {
             throw ValidationError("--header expects key=value, got '\(header)'")
         }
@@ -52,13 +57,17 @@ struct ValidateJobCommand: AsyncParsableCommand {
 
     func run() async throws {
         let input = try readInput()
-        let fleet: FleetConfiguration?
+        var fleet: FleetConfiguration?
         if let config {
-            fleet = try await ConfigurationLoader(filePath: config, environment: ProcessInfo.processInfo.environment).load()
-        } else {
-            fleet = nil
+            do {
+                fleet = try await ConfigurationLoader(filePath: config, environment: ProcessInfo.processInfo.environment).load()
+            } catch {
+                // Exit 2, not 1: a configuration that does not load says nothing about the jobs.
+                throw UsageError("\(error)")
+            }
+            if let maxTokens { fleet?.worker.maxTokensPerJob = maxTokens }
         }
-        let validator = JobValidation(decoder: JobDecoder(limits: .init(maximumTokensPerJob: maxTokens)), fleet: fleet)
+        let validator = JobValidation(decoder: JobDecoder(limits: .init(maximumTokensPerJob: maxTokens ?? 1000)), fleet: fleet)
 
         var verdicts: [(label: String, verdict: JobValidation.Verdict)] = []
         if !headers.isEmpty {
@@ -119,8 +128,8 @@ enum JobInputSplitter {
     }
 }
 
-/// The checks validate-job applies: the worker's decoder, plus app resolution when a
-/// configuration is given.
+/// The checks validate-job applies: the worker's decoder, or with a configuration the worker's
+/// whole intake (`JobIntake`), so that nothing the worker would refuse shows as valid.
 struct JobValidation {
     enum Verdict {
         case valid(NotificationJob, topic: String?, app: String?)
@@ -164,17 +173,20 @@ struct JobValidation {
     var fleet: FleetConfiguration?
 
     func check(value: [UInt8], headers: [RecordHeader]) -> Verdict {
+        if let fleet {
+            let intake = JobIntake(configuration: fleet, workerID: "validate-job")
+            let source = SourcePosition(topic: fleet.topics.jobs, partition: 0, offset: 0)
+            switch intake.accept(value: value, headers: headers, source: source, now: UnixMillis(0)) {
+            case .accepted(let accepted): return .valid(accepted.job.job, topic: accepted.job.topic, app: accepted.appName)
+            case .rejected(let rejected): return .invalid(rejected.rejection)
+            }
+        }
         do {
             let job = try decoder.decode(value: value, headers: headers)
-            guard let fleet else {
-                // Without a configuration the topic may still come from an app's defaults, so
-                // only the payload limit of the default push type is applied here.
-                try JobRules.checkPayloadSize(job.payload.count, pushType: job.pushType ?? .alert)
-                return .valid(job, topic: job.topic, app: job.app)
-            }
-            let app = try fleet.app(for: job)
-            let resolved = try job.resolved(defaults: app.defaults, appName: app.name)
-            return .valid(job, topic: resolved.topic, app: app.name)
+            // Without a configuration the topic may still come from an app's defaults, so
+            // only the payload limit of the default push type is applied here.
+            try JobRules.checkPayloadSize(job.payload.count, pushType: job.pushType ?? .alert)
+            return .valid(job, topic: job.topic, app: job.app)
         } catch {
             return .invalid(error)
         }

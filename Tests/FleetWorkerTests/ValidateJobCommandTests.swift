@@ -1,0 +1,91 @@
+import FleetTestSupport
+import Foundation
+import Testing
+
+/// `apns-fleet validate-job` as a producer runs it: the built binary, its output and exit status.
+@Suite("validate-job")
+struct ValidateJobCommandTests {
+    private static let token = String(repeating: "ab", count: 32)
+
+    /// Runs validate-job with `arguments` in a fresh directory holding `files`; the output
+    /// lines (standard output and error) and the exit status.
+    private func run(_ arguments: [String], files: [String: String]) async throws -> (lines: [String], status: Int32) {
+        let directory = NSTemporaryDirectory() + "apns-fleet-validate-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for (name, text) in files {
+            try text.write(toFile: (directory as NSString).appendingPathComponent(name), atomically: true, encoding: .utf8)
+        }
+        let command = ChildProcess("/bin/sh", ["-c", #"cd "$1" && shift && exec "$0" validate-job "$@" 2>&1"#, try apnsFleetBinary(), directory] + arguments)
+        try command.start()
+        command.closeInput()
+        let status = try await command.waitForExit(timeout: 30)
+        return (command.lines.value, status)
+    }
+
+    private static let jobs = """
+        {"token":"\(token)","payload":{}}
+        {"tokens":["\(token)01","\(token)02","\(token)03"],"payload":{}}
+        {"token":"\(String(repeating: "ab", count: 40))","app":"legacy","payload":{}}
+        {"token":"zz","payload":{}}
+        """
+
+    /// Keys and certificates need not exist to validate jobs: nothing is signed or connected.
+    private static let fleet = """
+        apps: [example, legacy]
+        default-app: example
+        worker:
+          max-tokens-per-job: 2
+        app:
+          example:
+            key-file: /nonexistent/AuthKey.p8
+            key-id: ABC123DEFG
+            team-id: DEF123GHIJ
+            topic: com.example.app
+          legacy:
+            auth: certificate
+            certificate-file: /nonexistent/client.pem
+            private-key-file: /nonexistent/client-key.pem
+            protocol: binary
+            legacy-gateway: 127.0.0.1:2295
+            legacy-tls: false
+            topic: com.example.legacy
+        """
+
+    @Test("without a configuration: the contract's rules, exit 1 when a job is invalid")
+    func contractOnly() async throws {
+        let (lines, status) = try await run(["jobs.jsonl"], files: ["jobs.jsonl": Self.jobs])
+        #expect(lines == [
+            "line 1: valid (1 token, payload 2 bytes)",
+            "line 2: valid (3 tokens, payload 2 bytes)",
+            "line 3: valid (1 token, app legacy, payload 2 bytes)",
+            "line 4: invalid: token: device token is not hex: character 1 is 'z'",
+            "3 valid, 1 invalid",
+        ])
+        #expect(status == 1)
+    }
+
+    @Test("with a configuration: the worker's intake, so its token limit and binary-interface limits apply")
+    func workerIntake() async throws {
+        let (lines, status) = try await run(["--config", "fleet.yaml", "jobs.jsonl"], files: ["jobs.jsonl": Self.jobs, "fleet.yaml": Self.fleet])
+        #expect(lines.first == "line 1: valid (1 token, topic com.example.app, app example, payload 2 bytes)", "\(lines)")
+        #expect(lines.contains("line 2: invalid: tokens: 3 tokens in one job; at most 2 are allowed"), "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("line 3: invalid: token: device token ") && $0.hasSuffix(" is 40 bytes; the legacy binary interface takes 32") }, "\(lines)")
+        #expect(lines.last == "1 valid, 3 invalid")
+        #expect(status == 1)
+
+        let raised = try await run(["--config", "fleet.yaml", "--max-tokens", "5", "jobs.jsonl"], files: ["jobs.jsonl": Self.jobs, "fleet.yaml": Self.fleet])
+        #expect(raised.lines.contains { $0.hasPrefix("line 2: valid (3 tokens") }, "--max-tokens overrides the configuration: \(raised.lines)")
+    }
+
+    @Test("a configuration that does not load is a usage error (exit 2), naming the problem")
+    func badConfiguration() async throws {
+        let missing = try await run(["--config", "nothere.yaml", "jobs.jsonl"], files: ["jobs.jsonl": Self.jobs])
+        #expect(missing.status == 2)
+        #expect(missing.lines.contains { $0.contains("nothere.yaml") }, "\(missing.lines)")
+
+        let broken = try await run(["--config", "fleet.yaml", "jobs.jsonl"], files: ["jobs.jsonl": Self.jobs, "fleet.yaml": "apps: [a]\n"])
+        #expect(broken.status == 2)
+        #expect(broken.lines.contains { $0.contains("app.a.key-file") }, "\(broken.lines)")
+    }
+}
