@@ -356,7 +356,9 @@ let package = Package(
                 "KafkaTransport",
                 "FleetTestSupport",
                 "APNsCore",
+                "FleetLoad",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: strictSettings
         ),

@@ -1,4 +1,5 @@
 import APNsCore
+import CoreMetrics
 
 /// Settings shared by producers and consumers: where the brokers are, how to authenticate, and
 /// any librdkafka property passed through as is.
@@ -16,6 +17,9 @@ public struct KafkaClientConfiguration: Sendable {
     /// above, so it wins. Values of properties whose names suggest secrets (`*password*`,
     /// `*secret*`, `*.key.pem`, `sasl.oauthbearer.config`, …) are never logged. Default: empty.
     public var properties: [String: String] = [:]
+    /// Where this client's metrics go. Default: `nil`, the process's (`MetricsSystem.factory`).
+    /// Tests give a client a registry of its own, to read what it alone reports.
+    public var metricsFactory: (any MetricsFactory)?
 
     public init(bootstrapServers: [String]) {
         self.bootstrapServers = bootstrapServers

@@ -49,7 +49,7 @@ public final class KafkaConsumer: Service, Sendable {
             throw KafkaError(code: .invalidArgument, message: "maxBatchSize and bufferCapacity must be positive")
         }
         let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil)
-        let context = ClientContext(logger: logger, clientID: configuration.client.clientID) { rk, error, list in
+        let context = ClientContext(logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metricsFactory) { rk, error, list in
             core.rebalance(rk, error, list)
         }
         let handle = try RDKafkaHandle(
@@ -245,11 +245,13 @@ final class ConsumerCore: @unchecked Sendable {
     private var nextRevocationID: UInt64 = 1
     /// Per-partition gauges, made once: making a metric handle goes through the metrics factory
     /// (name checks, a registry lookup), which showed in profiles when done per poll turn.
+    private let metrics: any MetricsFactory
     private var storedOffsetGauges: [TopicPartition: Gauge] = [:]
     private var lagGauges: [TopicPartition: Gauge] = [:]
 
     init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool) {
         self.configuration = configuration
+        self.metrics = configuration.client.metricsFactory ?? MetricsSystem.factory
         self.logger = logger
         self.hasRevocationHandler = hasRevocationHandler
         (revocationRequests, revocationContinuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
@@ -632,7 +634,7 @@ final class ConsumerCore: @unchecked Sendable {
 
     private func consumerError(_ message: rd_kafka_message_t) {
         let name = KafkaError.errorName(message.err)
-        Counter(label: "kafka.consumer.errors", dimensions: [("client", configuration.client.clientID), ("code", name)]).increment()
+        Counter(label: "kafka.consumer.errors", dimensions: [("client", configuration.client.clientID), ("code", name)], factory: metrics).increment()
         let text = message.payload.map {
             String(decoding: UnsafeRawBufferPointer(start: $0, count: message.len), as: UTF8.self)
         } ?? KafkaError.errorText(message.err)
@@ -683,7 +685,7 @@ final class ConsumerCore: @unchecked Sendable {
         for (partition, offset) in offsets { list.add(partition, offset: offset) }
         let error = rd_kafka_offsets_store(rk, list.pointer)
         for (partition, offset, partitionError) in TopicPartitionList.read(list.pointer) where partitionError == RD_KAFKA_RESP_ERR_NO_ERROR {
-            partitionGauge(&storedOffsetGauges, partition) { Gauge(label: "kafka.consumer.offset.stored", dimensions: $0) }.record(offset)
+            partitionGauge(&storedOffsetGauges, partition) { Gauge(label: "kafka.consumer.offset.stored", dimensions: $0, factory: metrics) }.record(offset)
         }
         if error != RD_KAFKA_RESP_ERR_NO_ERROR {
             // Per-partition errors (e.g. _STATE for a partition no longer assigned) are in the list.
@@ -700,7 +702,7 @@ final class ConsumerCore: @unchecked Sendable {
 
     private func publishLag(_ rk: OpaquePointer) {
         for (partition, lag) in lag(rk) {
-            partitionGauge(&lagGauges, partition) { Gauge(label: "kafka.consumer.lag", dimensions: $0) }.record(lag)
+            partitionGauge(&lagGauges, partition) { Gauge(label: "kafka.consumer.lag", dimensions: $0, factory: metrics) }.record(lag)
         }
     }
 
@@ -732,7 +734,7 @@ final class ConsumerCore: @unchecked Sendable {
         let since = last.at
         guard busy, now - since > configuration.stallWarning else { return false }
         if !alreadyReported {
-            Counter(label: "kafka.consumer.stalls", dimensions: [("client", configuration.client.clientID)]).increment()
+            Counter(label: "kafka.consumer.stalls", dimensions: [("client", configuration.client.clientID)], factory: metrics).increment()
             logger.error(
                 "consumer pipeline stalled: records are waiting but none was taken or finished",
                 metadata: ["kafka.stalled_for": "\(now - since)"]

@@ -15,17 +15,23 @@ final class ClientContext: Sendable {
     let deliveryFailed: Counter
     let consumed: Counter
 
+    /// Where this client's metrics go (its configuration's, or the process's).
+    let metrics: any MetricsFactory
+
     init(
         logger: Logger,
         clientID: String,
+        metrics: (any MetricsFactory)? = nil,
         rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)? = nil
     ) {
         self.logger = logger
         self.clientID = clientID
         self.rebalance = rebalance
-        self.delivered = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "delivered")])
-        self.deliveryFailed = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "failed")])
-        self.consumed = Counter(label: "kafka.consumer.records", dimensions: [("client", clientID)])
+        let metrics = metrics ?? MetricsSystem.factory
+        self.metrics = metrics
+        self.delivered = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "delivered")], factory: metrics)
+        self.deliveryFailed = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "failed")], factory: metrics)
+        self.consumed = Counter(label: "kafka.consumer.records", dimensions: [("client", clientID)], factory: metrics)
     }
 
     static func from(_ rk: OpaquePointer?) -> ClientContext? {
@@ -51,7 +57,7 @@ final class ClientContext: Sendable {
 
     func error(code: Int32, reason: String) {
         let name = KafkaErrorCodes.name(of: code)
-        Counter(label: "kafka.errors", dimensions: [("client", clientID), ("code", name)]).increment()
+        Counter(label: "kafka.errors", dimensions: [("client", clientID), ("code", name)], factory: metrics).increment()
         // Broker connection errors are routine while a broker restarts; librdkafka retries them.
         let transient = code == RD_KAFKA_RESP_ERR__TRANSPORT.rawValue || code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN.rawValue
             || code == RD_KAFKA_RESP_ERR__RESOLVE.rawValue
@@ -70,13 +76,13 @@ final class ClientContext: Sendable {
             ("txmsgs", "kafka.client.tx.messages"), ("rxmsgs", "kafka.client.rx.messages"),
             ("replyq", "kafka.client.reply.queue"),
         ] {
-            if let value = stats[field]?.double { Gauge(label: label, dimensions: [client]).record(value) }
+            if let value = stats[field]?.double { Gauge(label: label, dimensions: [client], factory: metrics).record(value) }
         }
         if case .object(let brokers)? = stats["brokers"] {
             for broker in brokers {
                 // Average round-trip time in microseconds over the last window.
                 if let rtt = broker.value["rtt"]?["avg"]?.double, rtt > 0 {
-                    Gauge(label: "kafka.broker.rtt.us", dimensions: [client, ("broker", broker.key)]).record(rtt)
+                    Gauge(label: "kafka.broker.rtt.us", dimensions: [client, ("broker", broker.key)], factory: metrics).record(rtt)
                 }
             }
         }

@@ -1,8 +1,10 @@
+import FleetLoad
 import FleetTestSupport
 import APNsCore
 import Foundation
 import KafkaTransport
 import Logging
+import Prometheus
 import Synchronization
 import Testing
 
@@ -93,15 +95,18 @@ struct KafkaMockClusterTests {
         let receivedB = ReceivedRecords()
         let revokedFromA = Shared<[TopicPartition]>([])
         let revokedBeforeClose = Shared<[TopicPartition]>([])
+        // Each consumer reports to a registry of its own, as each worker process has its own /metrics.
+        let (metricsA, metricsB) = (PrometheusCollectorRegistry(), PrometheusCollectorRegistry())
+        var configurationA = consumerConfiguration(cluster, group: "split-group", topics: ["split"])
+        configurationA.client.metricsFactory = PrometheusMetricsFactory(registry: metricsA)
+        var configurationB = consumerConfiguration(cluster, group: "split-group", topics: ["split"])
+        configurationB.client.metricsFactory = PrometheusMetricsFactory(registry: metricsB)
         let a = try KafkaConsumer(
-            configuration: consumerConfiguration(cluster, group: "split-group", topics: ["split"]),
+            configuration: configurationA,
             logger: testLogger,
             onRevoke: { partitions in revokedFromA.update { $0.append(contentsOf: partitions) } }
         )
-        let b = try KafkaConsumer(
-            configuration: consumerConfiguration(cluster, group: "split-group", topics: ["split"]),
-            logger: testLogger
-        )
+        let b = try KafkaConsumer(configuration: configurationB, logger: testLogger)
 
         try await withTimeout(150, "the split") {
             try await withThrowingTaskGroup(of: Void.self) { group in
@@ -122,6 +127,7 @@ struct KafkaMockClusterTests {
                 // A finishes each batch 20 ms later, so a revocation finds work in flight.
                 group.addTask { await consumeLoop(a, into: receivedA, finishDelay: .milliseconds(20)) }
                 try await waitUntil("A to consume") { receivedA.count >= 300 }
+                try await waitUntil("A to report the lag of all 6 partitions") { lagPartitions(metricsA).count == 6 }
 
                 group.addTask { try await b.run() }
                 group.addTask { await consumeLoop(b, into: receivedB) }
@@ -130,6 +136,12 @@ struct KafkaMockClusterTests {
                     let (ofA, ofB) = (Set(a.assignment), Set(b.assignment))
                     return !ofA.isEmpty && !ofB.isEmpty && ofA.isDisjoint(with: ofB) && ofA.union(ofB).count == 6
                 }
+                // Each reports the lag of its own partitions only: A dropped the gauges of those it
+                // gave up (a sum over the group would count them twice otherwise).
+                try await waitUntil("each to report the lag of its partitions") {
+                    lagPartitions(metricsB) == Set(b.assignment.map(\.partition))
+                }
+                #expect(lagPartitions(metricsA) == Set(a.assignment.map(\.partition)))
                 stopProducing.update { $0 = true }
                 revokedBeforeClose.update { $0 = revokedFromA.value }
                 try await waitUntil("every delivered record consumed") {
@@ -449,4 +461,11 @@ struct KafkaMockClusterTests {
         #expect(console.execute("rtt 1") == "error: usage: rtt BROKER MILLISECONDS")
         #expect(console.execute("launch-missiles").hasPrefix("error: unknown command"))
     }
+}
+
+/// The partitions a consumer reports `kafka_consumer_lag` for, in its registry.
+private func lagPartitions(_ registry: PrometheusCollectorRegistry) -> Set<Int32> {
+    let text = String(decoding: registry.emitToBuffer(), as: UTF8.self)
+    let lags = prometheusSamples(text).filter { sample in sample.name == "kafka_consumer_lag" }
+    return Set(lags.compactMap { sample in sample.labels["partition"].flatMap { Int32($0) } })
 }
