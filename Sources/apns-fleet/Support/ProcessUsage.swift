@@ -1,6 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
+import CoreFoundation  // on Linux the compiler attributes timespec's members to this module
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
@@ -87,15 +88,10 @@ struct HostCPUTimes {
 /// to other threads or other guests (steal).
 enum ThreadCPUTime {
     static func nanoseconds() -> Int64 {
-        var usage = rusage()
-        #if canImport(Glibc)
-        // RUSAGE_THREAD, which Swift's Glibc module does not export (Linux has defined it as 1 since 2.6.26).
-        getrusage(__rusage_who_t(1), &usage)
-        #else
-        getrusage(RUSAGE_SELF, &usage)  // no per-thread figure; the benchmark runs on one thread anyway
-        #endif
-        let microseconds = Int64(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000
-            + Int64(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec)
-        return microseconds * 1000
+        // Unlike getrusage(RUSAGE_THREAD), which Linux updates at scheduler ticks, this includes
+        // the running time slice, to the nanosecond.
+        var time = timespec(tv_sec: 0, tv_nsec: 0)
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+        return Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec)
     }
 }
