@@ -18,7 +18,9 @@ public struct KafkaClientConfiguration: Sendable {
     /// `*secret*`, `*.key.pem`, `sasl.oauthbearer.config`, …) are never logged. Default: empty.
     public var properties: [String: String] = [:]
     /// Where this client's metrics go. Default: `nil`, the process's (`MetricsSystem.factory`).
-    /// Tests give a client a registry of its own, to read what it alone reports.
+    /// Tests give a client a registry of its own, to read what it alone reports. Clients that
+    /// share a registry need distinct `clientID`s: their per-partition gauges are told apart by
+    /// it, and a consumer drops its gauge when it gives a partition up.
     public var metricsFactory: (any MetricsFactory)?
 
     public init(bootstrapServers: [String]) {

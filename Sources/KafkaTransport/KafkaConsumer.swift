@@ -810,15 +810,7 @@ final class ConsumerCore: @unchecked Sendable {
                     metadata: ["kafka.partitions": "\(partitions.map(\.description).sorted())", "kafka.stored": "\(offsets.map { "\($0.0)@\($0.1)" })"]
                 )
             }
-            for partition in partitions {
-                epochs.removeValue(forKey: partition)
-                rdPaused.remove(partition)
-                // No longer this member's to report: a gauge left behind kept exporting its last
-                // value, so a sum over the group counted a partition's lag twice after a rebalance.
-                storedOffsetGauges.removeValue(forKey: partition)?.destroy()
-                lagGauges.removeValue(forKey: partition)?.destroy()
-            }
-            locked { appliedPauses.subtract(partitions) }
+            forget(partitions)
             if cooperative {
                 if let error = rd_kafka_incremental_unassign(rk, list) {
                     logger.error("\(KafkaError(code: .rebalance, message: "incremental unassign failed", consuming: error))")
@@ -829,8 +821,36 @@ final class ConsumerCore: @unchecked Sendable {
 
         default:
             logger.error("rebalance error", metadata: ["kafka.error": "\(KafkaError.errorName(event))"])
-            if !cooperative { _ = rd_kafka_assign(rk, nil) }
+            if !cooperative {
+                // Everything is unassigned: as when an assignment is lost, in-flight work is
+                // abandoned (the group redoes it) and the partitions stop being reported.
+                let dropped: [TopicPartition] = locked {
+                    applyCompletionsLocked()
+                    let all = Array(assigned)
+                    for partition in all {
+                        tracker.lose(partition)
+                        assigned.remove(partition)
+                    }
+                    return all
+                }
+                forget(dropped)
+                _ = rd_kafka_assign(rk, nil)
+            }
         }
+    }
+
+    /// What the polling thread keeps per partition, dropped once the partition is no longer
+    /// this member's.
+    private func forget(_ partitions: [TopicPartition]) {
+        for partition in partitions {
+            epochs.removeValue(forKey: partition)
+            rdPaused.remove(partition)
+            // No longer this member's to report: a gauge left behind kept exporting its last
+            // value, so a sum over the group counted a partition's lag twice after a rebalance.
+            storedOffsetGauges.removeValue(forKey: partition)?.destroy()
+            lagGauges.removeValue(forKey: partition)?.destroy()
+        }
+        locked { appliedPauses.subtract(partitions) }
     }
 
     /// Stops dispatching `partitions`, asks the revocation hook to finish their work, and waits
