@@ -34,6 +34,54 @@ struct JSONWriterTests {
         }
     }
 
+    /// The escaping the writer must do, written the plain way: one byte at a time.
+    private func referenceString(_ value: String) -> String {
+        var out: [UInt8] = [UInt8(ascii: "\"")]
+        for byte in value.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""): out += Array(#"\""#.utf8)
+            case UInt8(ascii: "\\"): out += Array(#"\\"#.utf8)
+            case 0x0A: out += Array(#"\n"#.utf8)
+            case 0x0D: out += Array(#"\r"#.utf8)
+            case 0x09: out += Array(#"\t"#.utf8)
+            case 0x00..<0x20, 0x7F: out += Array((#"\u00"# + (byte < 0x10 ? "0" : "") + String(byte, radix: 16)).utf8)
+            default: out.append(byte)
+            }
+        }
+        out.append(UInt8(ascii: "\""))
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    @Test("strings are escaped exactly as one byte at a time would: quotes, backslashes, controls, DEL, non-ASCII")
+    func stringsAndIntegers() {
+        var generator = SplitMix64(seed: 2027)
+        // Mostly plain text, with every byte that needs care mixed in, at lengths around the
+        // vector width (the fast path checks many bytes at once).
+        let alphabet: [String] = ["a", "Z", "0", " ", "\"", "\\", "\n", "\r", "\t", "\u{0}", "\u{1F}", "\u{7F}", "é", "€", "😀", "/"]
+        var values = ["", "plain", String(repeating: "x", count: 64), "\u{7F}", String(repeating: "a", count: 31) + "\""]
+        for _ in 0..<3000 {
+            let length = Int(generator.next() % 70)
+            let plain = generator.next() % 2 == 0
+            values.append((0..<length).map { _ in plain ? "q" : alphabet[Int(generator.next() % UInt64(alphabet.count))] }.joined())
+        }
+        for value in values {
+            var writer = JSONWriter()
+            writer.beginObject()
+            writer.field("v", value)
+            writer.field(JSONKey(value), 1 as Int?)
+            writer.endObject()
+            let expected = #"{"v":"# + referenceString(value) + "," + referenceString(value) + ":1}"
+            #expect(String(decoding: writer.bytes, as: UTF8.self) == expected, "\(Array(value.utf8))")
+        }
+        for number: Int64 in [0, 1, -1, 9, 10, 99, 100, Int64.max, Int64.min, 1_767_225_600_123] {
+            var writer = JSONWriter()
+            writer.beginObject()
+            writer.field("n", number as Int64?)
+            writer.endObject()
+            #expect(String(decoding: writer.bytes, as: UTF8.self) == #"{"n":\#(number)}"#)
+        }
+    }
+
     @Test("nested objects and arrays get their commas right")
     func commas() {
         var writer = JSONWriter()
