@@ -48,6 +48,13 @@ public struct FleetConfiguration: Sendable {
         self.feedback = feedback
     }
 
+    /// The APNs environments a push worker connects to: those of its apps' defaults. Each
+    /// HTTP/2 app to Apple gets a pool in each of them; an app with a custom endpoint (a
+    /// simulator) has one pool that serves both.
+    public var servedEnvironments: Set<APNsEnvironment> {
+        Set(apps.map(\.defaults.environment))
+    }
+
     public func app(named name: String) -> AppConfiguration? {
         appIndex(named: name).map { apps[$0] }
     }
@@ -204,6 +211,12 @@ public struct AppConfiguration: Sendable {
             case .production, .sandbox: 443
             case .custom(_, let port, _): port
             }
+        }
+
+        /// A custom endpoint (a simulator) takes jobs for either environment.
+        public var servesEveryEnvironment: Bool {
+            if case .custom = self { return true }
+            return false
         }
 
         /// The `environment` label of the client's metrics: production, sandbox or custom.
