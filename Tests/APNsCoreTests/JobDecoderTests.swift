@@ -118,6 +118,8 @@ struct JobEnvelopeTests {
             // A key written with escapes is the same key: a repeat is caught either way round.
             (#"{"token":"\#(tokenA)","payload":{},"to\u006ben":"\#(tokenB)"}"#, "token: key \"token\" appears more than once"),
             (#"{"x\u0079":1,"token":"\#(tokenA)","payload":{},"xy":2}"#, "xy: key \"xy\" appears more than once"),
+            // A key's bad escape is reported before its missing ':'.
+            (#"{"\ud800" 1}"#, "invalid JSON at byte 8: unpaired UTF-16 surrogate in \\u escape"),
         ]
     )
     func rules(input: String, reason: String) {
