@@ -66,6 +66,8 @@ public final class ChildProcess: @unchecked Sendable {
     private let output = Pipe()
     public let lines = Shared<[String]>([])
     private let status = Shared<Int32?>(nil)
+    /// Set once the output pipe reached its end and every line is in `lines`.
+    private let outputEnded = Shared(false)
 
     public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) {
         process.executableURL = URL(fileURLWithPath: executable)
@@ -82,6 +84,7 @@ public final class ChildProcess: @unchecked Sendable {
         try process.run()
         let reader = output.fileHandleForReading
         let lines = self.lines
+        let outputEnded = self.outputEnded
         let thread = Thread {
             var pending = Data()
             while true {
@@ -98,6 +101,7 @@ public final class ChildProcess: @unchecked Sendable {
                 let rest = String(decoding: pending, as: UTF8.self)
                 lines.update { $0.append(rest) }
             }
+            outputEnded.update { $0 = true }
         }
         thread.start()
     }
@@ -118,9 +122,16 @@ public final class ChildProcess: @unchecked Sendable {
         return lines.value[number - 1]
     }
 
+    /// Waits for the process to exit and then for its last output lines: the exit is seen
+    /// before the reader thread has drained the pipe, and a caller reading `lines` at once could
+    /// miss the output (a kcat consumer's every line, on a loaded machine). The output ends when
+    /// the pipe closes, which a grandchild still holding it could delay: then after 5 s at most.
     public func waitForExit(timeout: Double = 60) async throws -> Int32 {
         try await waitUntil("\(process.executableURL?.lastPathComponent ?? "child") to exit", timeout: timeout) {
             status.value != nil
+        }
+        try? await waitUntil("the output of \(process.executableURL?.lastPathComponent ?? "child") to end", timeout: 5) {
+            outputEnded.value
         }
         return status.value ?? -1
     }
