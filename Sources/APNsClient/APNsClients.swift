@@ -77,6 +77,17 @@ public final class APNsClients: Service, Sendable {
         pools[Key(app: app, environment: environment)] ?? pools[Key(app: app, environment: nil)]
     }
 
+    /// The pools a worker needs to be ready: each app's pool in the environment its jobs use by
+    /// default (`defaultEnvironments`, by app name), or its custom endpoint's one pool. A pool in
+    /// the other environment serves only the jobs that ask for it: an outage there (Apple's
+    /// sandbox, say) fails those jobs; it does not make a production worker unready.
+    public func essentialPools(defaultEnvironments: [String: APNsEnvironment]) -> [Key: APNsClientPool] {
+        pools.filter { key, _ in
+            guard let environment = key.environment, let expected = defaultEnvironments[key.app] else { return true }
+            return environment == expected
+        }
+    }
+
     /// Sends through the right pool; an unknown app or environment is a connection failure
     /// that no retry can fix, so the worker should have rejected the job earlier.
     public func send(_ notification: APNsNotification, app: String, environment: APNsEnvironment, deadline: NIODeadline) async -> APNsOutcome {

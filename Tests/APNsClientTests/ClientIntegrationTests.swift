@@ -507,6 +507,29 @@ struct MultiAppTests {
     }
 }
 
+@Suite("Readiness across environments")
+struct EssentialPoolTests {
+    @Test("only each app's pool in its default environment (or its custom endpoint's) decides readiness")
+    func essentialPools() throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        var configurations: [APNsClientConfiguration] = []
+        for (app, endpoint) in [("prod", AppConfiguration.Endpoint.production), ("prod", .sandbox), ("dev", .production), ("dev", .sandbox)] {
+            var configuration = try credentials.configuration(port: 443)
+            configuration.name = app
+            configuration.endpoint = endpoint
+            configurations.append(configuration)
+        }
+        var simulated = try credentials.configuration(port: 2197)
+        simulated.name = "sim"
+        configurations.append(simulated)
+        let clients = try APNsClients(configurations: configurations, logger: Fixture.logger)
+        let essential = clients.essentialPools(defaultEnvironments: ["prod": .production, "dev": .sandbox, "sim": .production])
+        #expect(Set(essential.keys.map(\.description)) == ["prod/production", "dev/sandbox", "sim"])
+        #expect(clients.pools.count == 5)
+    }
+}
+
 @Suite("Dead connections", .timeLimit(.minutes(1)))
 struct DeadConnectionTests {
     @Test("A silent connection is found dead by PING, its request answered, and it is replaced")

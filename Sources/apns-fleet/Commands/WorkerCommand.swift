@@ -59,11 +59,12 @@ struct WorkerCommand: AsyncParsableCommand {
             logger: logger, revocations: revocations
         )
         let registry = process.registry
+        let essentialPools = clients.essentialPools(defaultEnvironments: Dictionary(fleet.apps.map { ($0.name, $0.defaults.environment) }, uniquingKeysWith: { first, _ in first }))
         let admin = AdminServer(
             host: fleet.admin.host, port: fleet.admin.port, logger: logger,
             metrics: { registry.emitToBuffer() },
             readiness: {
-                let unusable = clients.pools.filter { $0.value.statistics.usableConnections == 0 }.map { "\($0.key)" }.sorted()
+                let unusable = essentialPools.filter { $0.value.statistics.usableConnections == 0 }.map { "\($0.key)" }.sorted()
                     + legacy.appsWithoutConnection.map { "\($0) (legacy gateway)" }
                 if consumer.assignment.isEmpty { return .init(ready: false, detail: "no partitions assigned") }
                 if !unusable.isEmpty { return .init(ready: false, detail: "no usable APNs connection for \(unusable.joined(separator: ", "))") }
