@@ -106,7 +106,13 @@ public final class APNsClients: Service, Sendable {
     }
 
     private static func noPool(app: String, environment: APNsEnvironment) -> APNsOutcome {
-        .notAnswered(APNsNotAnswered(.connectionFailed, "no APNs client for app '\(app)' (\(environment.rawValue))", certainlyNotProcessed: true))
+        // Retried like any connection failure, so that during a rollout that adds the
+        // environment a worker with the new configuration can still take the job.
+        .notAnswered(APNsNotAnswered(
+            .connectionFailed,
+            "no APNs connections for app '\(app)' in \(environment.rawValue): workers connect to the default environments of their HTTP/2 apps (app.<name>.environment)",
+            certainlyNotProcessed: true
+        ))
     }
 
     public func run() async throws {

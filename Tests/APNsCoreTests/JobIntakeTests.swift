@@ -31,33 +31,6 @@ struct JobIntakeTests {
         #expect(job.previousAttempts == 0 && job.notBefore == nil)
     }
 
-    @Test("a job asking for an environment no pool serves is invalid at once; a simulator app takes either")
-    func unservedEnvironment() throws {
-        // Both apps default to production: the fleet connects to production only.
-        let job = #"{"id":"s1","token":"\#(tokenA)","payload":{},"environment":"sandbox"}"#
-        guard case .rejected(let rejected) = accept(job) else {
-            Issue.record("expected a rejection")
-            return
-        }
-        #expect(rejected.rejection.reason == "environment: environment sandbox is not served: this fleet connects to production (the environments of its apps)")
-        #expect(rejected.results.map(\.outcome) == [.invalid])
-        guard case .accepted = accept(#"{"token":"\#(tokenA)","payload":{},"environment":"production"}"#) else {
-            Issue.record("production is served")
-            return
-        }
-
-        let simulator = AppConfiguration(
-            name: "sim", authentication: Self.key, defaults: JobDefaults(topic: "com.example.app"),
-            endpoint: .custom(host: "127.0.0.1", port: 2197, caFile: nil)
-        )
-        let simulated = JobIntake(configuration: FleetConfiguration(apps: [simulator]), workerID: "w1")
-        guard case .accepted(let accepted) = simulated.accept(value: Array(job.utf8), headers: [], source: source, now: now) else {
-            Issue.record("a custom endpoint serves both environments")
-            return
-        }
-        #expect(accepted.job.environment == .sandbox)
-    }
-
     @Test("an unknown app gives one invalid result per token and a DLQ copy of the original bytes")
     func unknownApp() throws {
         let text = #"{"id":"j9","tokens":["\#(tokenA)","\#(tokenB)"],"payload":{},"app":"ghost","meta":{"c":1}}"#
@@ -147,5 +120,23 @@ struct BinaryIntakeTests {
         }
         #expect(rejected.rejection.reason == "payload: payload is 320 bytes; the legacy binary interface (protocol binary) allows at most 256")
         #expect(rejected.results.map(\.outcome) == [.invalid])
+    }
+}
+
+@Suite("Environments a fleet connects to")
+struct ServedEnvironmentTests {
+    @Test("the default environments of HTTP/2 apps on Apple's endpoints; simulator and binary apps add none")
+    func served() {
+        let key = JobIntakeTests.key
+        let sandboxApp = AppConfiguration(name: "dev", authentication: key, defaults: JobDefaults(environment: .sandbox), endpoint: .sandbox)
+        let simulator = AppConfiguration(name: "sim", authentication: key, endpoint: .custom(host: "127.0.0.1", port: 2197, caFile: nil))
+        let binary = AppConfiguration(
+            name: "legacy", authentication: .certificate(.pkcs12(file: "/dev/null", password: nil)),
+            transport: .binary, legacyGateway: LegacyEndpoint(host: "127.0.0.1", port: 2295, tls: false)
+        )
+        #expect(FleetConfiguration(apps: [sandboxApp, simulator, binary]).servedEnvironments == [.sandbox])
+        let productionApp = AppConfiguration(name: "prod", authentication: key)
+        #expect(FleetConfiguration(apps: [sandboxApp, productionApp]).servedEnvironments == [.sandbox, .production])
+        #expect(FleetConfiguration(apps: [simulator]).servedEnvironments.isEmpty)
     }
 }

@@ -48,11 +48,13 @@ public struct FleetConfiguration: Sendable {
         self.feedback = feedback
     }
 
-    /// The APNs environments a push worker connects to: those of its apps' defaults. Each
-    /// HTTP/2 app to Apple gets a pool in each of them; an app with a custom endpoint (a
-    /// simulator) has one pool that serves both.
+    /// The APNs environments a push worker connects to: the default environments of its HTTP/2
+    /// apps that use Apple's endpoints. Each of those apps gets a pool in each of them. An app
+    /// with a custom endpoint (a simulator) has one pool whatever the environment, and a binary
+    /// app none, so neither adds one (a simulator app's default, production, used to give a
+    /// sandbox-only fleet production connections too).
     public var servedEnvironments: Set<APNsEnvironment> {
-        Set(apps.map(\.defaults.environment))
+        Set(apps.filter { $0.transport == .http2 && !$0.endpoint.isCustom }.map(\.defaults.environment))
     }
 
     public func app(named name: String) -> AppConfiguration? {
@@ -213,8 +215,8 @@ public struct AppConfiguration: Sendable {
             }
         }
 
-        /// A custom endpoint (a simulator) takes jobs for either environment.
-        public var servesEveryEnvironment: Bool {
+        /// A host of your own (a simulator) rather than Apple's production or sandbox.
+        public var isCustom: Bool {
             if case .custom = self { return true }
             return false
         }

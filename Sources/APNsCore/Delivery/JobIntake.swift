@@ -36,16 +36,8 @@ public struct JobIntake: Sendable {
     public var decoder: JobDecoder
     public var workerID: String
 
-    /// See `FleetConfiguration.servedEnvironments`: a job asking for another one is unusable.
-    private let servedEnvironments: Set<APNsEnvironment>
-    /// Per app (by index): whether its pools depend on the environment (HTTP/2 to Apple), so a
-    /// job's environment must be one of `servedEnvironments`. Worked out once, off the hot path.
-    private let checksEnvironment: [Bool]
-
     public init(configuration: FleetConfiguration, workerID: String) {
         self.configuration = configuration
-        self.servedEnvironments = configuration.servedEnvironments
-        self.checksEnvironment = configuration.apps.map { $0.transport == .http2 && !$0.endpoint.servesEveryEnvironment }
         self.decoder = JobDecoder(limits: .init(maximumTokensPerJob: configuration.worker.maxTokensPerJob))
         self.workerID = workerID
     }
@@ -62,17 +54,11 @@ public struct JobIntake: Sendable {
         do {
             let job = try decoder.decode(value: value, headers: headers)
             let jobID = job.id ?? inheritedID ?? source.derivedJobID
-            do throws(JobRejection) {
+            do {
                 // By index: the fields are read in place, not from a copy of the app's configuration.
                 let appIndex = try configuration.appIndex(for: job)
                 let settled = try job.settledFields(defaults: configuration.apps[appIndex].defaults, appName: configuration.apps[appIndex].name)
-                if configuration.apps[appIndex].transport == .binary {
-                    try Self.checkBinaryInterface(job)
-                } else if checksEnvironment[appIndex], !servedEnvironments.contains(settled.environment) {
-                    // No pool serves it: sending would only fail, retry and end as `failed`.
-                    let served = servedEnvironments.map(\.rawValue).sorted().joined(separator: " and ")
-                    throw JobRejection(field: "environment", "environment \(settled.environment.rawValue) is not served: this fleet connects to \(served) (the environments of its apps)")
-                }
+                if configuration.apps[appIndex].transport == .binary { try Self.checkBinaryInterface(job) }
                 let tokens = try retryTokens(headers: headers, job: job)
                 // Nothing can fail past this point, so the job moves into the result uncopied.
                 let resolved = ResolvedJob(

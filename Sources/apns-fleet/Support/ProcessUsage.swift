@@ -1,7 +1,9 @@
 import Foundation
 
 #if canImport(Glibc)
-import CoreFoundation  // on Linux the compiler attributes timespec's members to this module
+// On Linux the compiler attributes timespec's members to this module (swift-corelibs-foundation's
+// own); a future toolchain could hide it, and ThreadCPUTime would then need another home.
+import CoreFoundation
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
