@@ -834,6 +834,12 @@ final class ConsumerCore: @unchecked Sendable {
                     return all
                 }
                 forget(dropped)
+                if !dropped.isEmpty {
+                    logger.warning(
+                        "partitions unassigned after a rebalance error; abandoning in-flight work",
+                        metadata: ["kafka.partitions": "\(dropped.map(\.description).sorted())"]
+                    )
+                }
                 _ = rd_kafka_assign(rk, nil)
             }
         }
