@@ -87,6 +87,23 @@ struct JobIntakeTests {
         #expect(job.tokens.map(\.hex) == [tokenB])
     }
 
+    @Test("a retry record that has become unusable gives invalid results for its own tokens only")
+    func unusableRetryRecord() {
+        // The app was removed from the configuration while the record waited: tokenA was
+        // delivered on the first attempt, only tokenB was left to retry.
+        let retry = RetryHeaders(attempt: 1, notBefore: UnixMillis(now.value), lastReason: "ServiceUnavailable")
+        let headers = retry.applied(to: [RecordHeader("job-id", "j7"), RecordHeader(JobIntake.retryTokensKey, tokenB)])
+        guard case .rejected(let rejected) = intake.accept(
+            value: Array(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{},"app":"gone"}"#.utf8), headers: headers,
+            source: SourcePosition(topic: "apns.jobs.retry", partition: 0, offset: 3), now: now
+        ) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.map(\.token) == [tokenB])
+        #expect(rejected.results.map(\.jobID) == ["j7"])
+    }
+
     @Test("malformed retry headers make the record invalid instead of stopping the partition")
     func badRetryHeaders() {
         guard case .rejected(let rejected) = accept(#"{"token":"\#(tokenA)","payload":{}}"#, headers: [RecordHeader("attempt", "-4")]) else {

@@ -70,7 +70,10 @@ public struct JobIntake: Sendable {
                     previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, tokens: tokens
                 ))
             } catch {
-                return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job)
+                // A retry record stands for the tokens it names: the job's others already have
+                // their results, and must not get a second, `invalid`, one.
+                let tokens = (try? retryTokens(headers: headers, job: job)) ?? job.tokens
+                return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job, tokens: tokens)
             }
         } catch {
             let jobID = inheritedID ?? Self.bestEffortJobID(value: value)
@@ -122,9 +125,10 @@ public struct JobIntake: Sendable {
         source: SourcePosition,
         now: UnixMillis,
         jobID: String?,
-        job: NotificationJob? = nil
+        job: NotificationJob? = nil,
+        tokens jobTokens: [DeviceToken]? = nil
     ) -> IntakeDecision {
-        let tokens = job.map { $0.tokens.map(\.hex) } ?? Self.bestEffortTokens(value: value, headers: headers)
+        let tokens = (jobTokens ?? job?.tokens).map { $0.map(\.hex) } ?? Self.bestEffortTokens(value: value, headers: headers)
         let results = (tokens.isEmpty ? [""] : tokens).map { token in
             NotificationResult(
                 jobID: jobID ?? source.derivedJobID, token: token, topic: job?.topic, app: job?.app,
