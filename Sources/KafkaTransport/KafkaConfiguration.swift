@@ -23,6 +23,9 @@ public struct KafkaClientConfiguration: Sendable {
     /// it, and a consumer drops its gauge when it gives a partition up.
     public var metricsFactory: (any MetricsFactory)?
 
+    /// `metricsFactory`, or the process's when none is given.
+    var metrics: any MetricsFactory { metricsFactory ?? MetricsSystem.factory }
+
     public init(bootstrapServers: [String]) {
         self.bootstrapServers = bootstrapServers
     }

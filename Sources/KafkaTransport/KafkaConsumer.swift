@@ -49,7 +49,7 @@ public final class KafkaConsumer: Service, Sendable {
             throw KafkaError(code: .invalidArgument, message: "maxBatchSize and bufferCapacity must be positive")
         }
         let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil)
-        let context = ClientContext(logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metricsFactory) { rk, error, list in
+        let context = ClientContext(logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metrics) { rk, error, list in
             core.rebalance(rk, error, list)
         }
         let handle = try RDKafkaHandle(
@@ -251,7 +251,7 @@ final class ConsumerCore: @unchecked Sendable {
 
     init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool) {
         self.configuration = configuration
-        self.metrics = configuration.client.metricsFactory ?? MetricsSystem.factory
+        self.metrics = configuration.client.metrics
         self.logger = logger
         self.hasRevocationHandler = hasRevocationHandler
         (revocationRequests, revocationContinuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
@@ -782,13 +782,7 @@ final class ConsumerCore: @unchecked Sendable {
 
         case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
             if rd_kafka_assignment_lost(rk) != 0 {
-                locked {
-                    applyCompletionsLocked()
-                    for partition in partitions {
-                        tracker.lose(partition)
-                        assigned.remove(partition)
-                    }
-                }
+                abandon(partitions)
                 logger.warning(
                     "partition assignment lost; abandoning in-flight work",
                     metadata: ["kafka.partitions": "\(partitions.map(\.description).sorted())"]
@@ -824,15 +818,8 @@ final class ConsumerCore: @unchecked Sendable {
             if !cooperative {
                 // Everything is unassigned: as when an assignment is lost, in-flight work is
                 // abandoned (the group redoes it) and the partitions stop being reported.
-                let dropped: [TopicPartition] = locked {
-                    applyCompletionsLocked()
-                    let all = Array(assigned)
-                    for partition in all {
-                        tracker.lose(partition)
-                        assigned.remove(partition)
-                    }
-                    return all
-                }
+                let dropped: [TopicPartition] = locked { Array(assigned) }
+                abandon(dropped)
                 forget(dropped)
                 if !dropped.isEmpty {
                     logger.warning(
@@ -841,6 +828,18 @@ final class ConsumerCore: @unchecked Sendable {
                     )
                 }
                 _ = rd_kafka_assign(rk, nil)
+            }
+        }
+    }
+
+    /// Gives up `partitions` without storing anything for them: their unfinished records are
+    /// the group's to redo (an assignment lost, or everything unassigned after an error).
+    private func abandon(_ partitions: [TopicPartition]) {
+        locked {
+            applyCompletionsLocked()
+            for partition in partitions {
+                tracker.lose(partition)
+                assigned.remove(partition)
             }
         }
     }

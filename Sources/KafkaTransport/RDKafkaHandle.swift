@@ -21,13 +21,12 @@ final class ClientContext: Sendable {
     init(
         logger: Logger,
         clientID: String,
-        metrics: (any MetricsFactory)? = nil,
+        metrics: any MetricsFactory = MetricsSystem.factory,
         rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)? = nil
     ) {
         self.logger = logger
         self.clientID = clientID
         self.rebalance = rebalance
-        let metrics = metrics ?? MetricsSystem.factory
         self.metrics = metrics
         self.delivered = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "delivered")], factory: metrics)
         self.deliveryFailed = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "failed")], factory: metrics)

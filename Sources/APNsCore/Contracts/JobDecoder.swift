@@ -105,7 +105,7 @@ public struct JobDecoder: Sendable {
         case payload, meta
 
         init?(_ name: String) {
-            guard let key = Self.allCases.first(where: { $0.name == name }) else { return nil }
+            guard let key = Self.all.first(where: { $0.name == name }) else { return nil }
             self = key
         }
 

@@ -11,7 +11,7 @@ public struct JSONKey: ExpressibleByStringLiteral, Sendable {
     fileprivate let storage: Storage
 
     public init(stringLiteral value: StaticString) {
-        assert(value.withUTF8Buffer { !$0.contains(where: JSONWriter.needsEscape) }, "a literal JSON key must need no escaping")
+        assert(value.withUTF8Buffer { !$0.contains { JSONWriter.escapeFlag($0) != 0 } }, "a literal JSON key must need no escaping")
         storage = .literal(value)
     }
 
@@ -211,8 +211,15 @@ public struct JSONWriter {
 
     private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
 
-    fileprivate static func needsEscape(_ byte: UInt8) -> Bool {
-        byte < 0x20 || byte == 0x7F || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")
+    /// 1 for a byte that must be escaped (a control character, DEL, a quote or a backslash),
+    /// else 0. Bitwise, not `||`: a branch per byte would keep a loop over a string scalar.
+    @inline(__always)
+    fileprivate static func escapeFlag(_ byte: UInt8) -> UInt8 {
+        let control: UInt8 = byte < 0x20 ? 1 : 0
+        let quote: UInt8 = byte == UInt8(ascii: "\"") ? 1 : 0
+        let backslash: UInt8 = byte == UInt8(ascii: "\\") ? 1 : 0
+        let delete: UInt8 = byte == 0x7F ? 1 : 0
+        return control | quote | backslash | delete
     }
 
     private mutating func appendString(_ value: String) {
@@ -222,14 +229,7 @@ public struct JSONWriter {
             // Every byte is looked at, without an early exit, so that the compiler can check
             // many at once (SIMD); most strings are scanned to the end anyway.
             var special: UInt8 = 0
-            for byte in utf8 {
-                // Bitwise, not `||`: a branch per byte keeps the loop scalar.
-                let control: UInt8 = byte < 0x20 ? 1 : 0
-                let quote: UInt8 = byte == UInt8(ascii: "\"") ? 1 : 0
-                let backslash: UInt8 = byte == UInt8(ascii: "\\") ? 1 : 0
-                let delete: UInt8 = byte == 0x7F ? 1 : 0
-                special |= control | quote | backslash | delete
-            }
+            for byte in utf8 { special |= Self.escapeFlag(byte) }
             guard special == 0 else { return false }
             bytes.append(contentsOf: utf8)
             return true

@@ -170,12 +170,17 @@ struct JobValidation {
     }
 
     var decoder: JobDecoder
-    var fleet: FleetConfiguration?
+    /// The worker's intake, when a configuration was given (made once, not per job).
+    private let intake: JobIntake?
+
+    init(decoder: JobDecoder, fleet: FleetConfiguration?) {
+        self.decoder = decoder
+        self.intake = fleet.map { JobIntake(configuration: $0, workerID: "validate-job") }
+    }
 
     func check(value: [UInt8], headers: [RecordHeader]) -> Verdict {
-        if let fleet {
-            let intake = JobIntake(configuration: fleet, workerID: "validate-job")
-            let source = SourcePosition(topic: fleet.topics.jobs, partition: 0, offset: 0)
+        if let intake {
+            let source = SourcePosition(topic: intake.configuration.topics.jobs, partition: 0, offset: 0)
             switch intake.accept(value: value, headers: headers, source: source, now: UnixMillis(0)) {
             case .accepted(let accepted): return .valid(accepted.job.job, topic: accepted.job.topic, app: accepted.appName)
             case .rejected(let rejected): return .invalid(rejected.rejection)
