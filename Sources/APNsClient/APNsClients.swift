@@ -8,7 +8,7 @@ import ServiceLifecycle
 /// shut down together as one `Service`.
 ///
 /// ```swift
-/// let clients = try APNsClients(apps: fleet.apps, environments: [.production])
+/// let clients = try APNsClients(apps: fleet.apps)
 /// let outcome = await clients.send(notification, app: "example", environment: .production, deadline: deadline)
 /// ```
 public final class APNsClients: Service, Sendable {
@@ -44,10 +44,10 @@ public final class APNsClients: Service, Sendable {
         self.eventLoopGroup = eventLoopGroup
     }
 
-    /// Pools for every app in `apps`, for each of `environments` (a custom endpoint gets one pool).
+    /// Pools for the HTTP/2 apps in `apps`: one in each of an app's `environments`, or one for a
+    /// custom endpoint (a simulator), which serves both.
     public convenience init(
         apps: [AppConfiguration],
-        environments: Set<APNsEnvironment>,
         eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
         logger: Logger = Logger(label: "apns-fleet.client")
     ) throws(APNsClientError) {
@@ -56,7 +56,7 @@ public final class APNsClients: Service, Sendable {
             if case .custom = app.endpoint {
                 configurations.append(try APNsClientConfiguration.load(app: app))
             } else {
-                for environment in environments.sorted(by: { $0.rawValue < $1.rawValue }) {
+                for environment in app.environments {
                     configurations.append(try APNsClientConfiguration.load(app: app, environment: environment))
                 }
             }
@@ -110,7 +110,7 @@ public final class APNsClients: Service, Sendable {
         // environment a worker with the new configuration can still take the job.
         .notAnswered(APNsNotAnswered(
             .connectionFailed,
-            "no APNs connections for app '\(app)' in \(environment.rawValue): workers connect to the default environments of their HTTP/2 apps (app.<name>.environment)",
+            "no APNs connections for app '\(app)' in \(environment.rawValue): add it to app.\(app).environments to let its jobs use it",
             certainlyNotProcessed: true
         ))
     }

@@ -59,6 +59,7 @@ public enum ConfigurationKeys {
         .init("app.<name>.push-type", "push type", "alert", "Default apns-push-type."),
         .init("app.<name>.priority", "10 | 5 | 1", "10", "Default apns-priority."),
         .init("app.<name>.environment", "production | sandbox | custom", "production", "Which APNs: Apple's production or sandbox, or a custom host (a simulator)."),
+        .init("app.<name>.environments", "list of production, sandbox", "(its environment)", "Environments this app's jobs may pick with their environment field; each gets a pool of app.<name>.connections. Must include the app's environment; not for custom or binary."),
         .init("app.<name>.host", "string", "(required for custom)", "APNs host for environment custom."),
         .init("app.<name>.port", "integer", "443", "APNs port for environment custom."),
         .init("app.<name>.ca-file", "path", "(system roots)", "CA that signs the custom host's certificate. TLS verification is never off."),

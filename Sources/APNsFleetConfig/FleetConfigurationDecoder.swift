@@ -190,6 +190,7 @@ struct FleetConfigurationDecoder {
             defaults: defaults,
             topics: try stringList(key("topics")),
             endpoint: endpoint,
+            environments: try environments(key("environments"), endpoint: endpoint, transport: transport, environmentKey: key("environment")),
             connections: try int(key("connections"), default: 2, range: 1...64),
             transport: transport,
             legacyGateway: gateway,
@@ -198,6 +199,33 @@ struct FleetConfigurationDecoder {
         app.legacyFormat = legacyFormat
         app.legacyQuietPeriodMilliseconds = try int(key("legacy-quiet-period-ms"), default: 1000, range: 10...60_000)
         return app
+    }
+
+    /// `app.<name>.environments`: the Apple environments the app's jobs may use, each one a pool
+    /// of its own. Nil (the app's own environment alone) when unset.
+    private func environments(
+        _ key: String, endpoint: AppConfiguration.Endpoint, transport: AppConfiguration.TransportProtocol, environmentKey: String
+    ) throws(ConfigurationError) -> [APNsEnvironment]? {
+        let names = try stringList(key)
+        guard !names.isEmpty else { return nil }
+        guard transport == .http2 else { throw ConfigurationError(key: key, "applies to protocol http2 only") }
+        let own: APNsEnvironment
+        switch endpoint {
+        case .production: own = .production
+        case .sandbox: own = .sandbox
+        case .custom: throw ConfigurationError(key: key, "does not apply to environment custom: one pool serves jobs of both environments")
+        }
+        var environments: [APNsEnvironment] = []
+        for name in names {
+            guard let environment = APNsEnvironment(rawValue: name) else {
+                throw ConfigurationError(key: key, "lists \"\(name.prefix(40))\"; expected production and/or sandbox")
+            }
+            if !environments.contains(environment) { environments.append(environment) }
+        }
+        guard environments.contains(own) else {
+            throw ConfigurationError(key: key, "must include \(own.rawValue), the app's \(environmentKey)")
+        }
+        return environments
     }
 
     private func checkAppleID(_ value: String, key: String) throws(ConfigurationError) {

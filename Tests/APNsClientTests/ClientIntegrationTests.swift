@@ -530,6 +530,35 @@ struct EssentialPoolTests {
     }
 }
 
+@Suite("Pools per app")
+struct PoolsPerAppTests {
+    @Test("an app gets pools in its own environment and those it lists; a simulator app one; a binary app none")
+    func poolsFollowEachAppsEnvironments() throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        let key = AppConfiguration.Authentication.token(
+            keyFile: credentials.path(credentials.summary.signingKeyFile), keyID: credentials.summary.keyID, teamID: credentials.summary.teamID
+        )
+        let apps = [
+            AppConfiguration(name: "prod", authentication: key),
+            AppConfiguration(name: "dev", authentication: key, defaults: JobDefaults(environment: .sandbox), endpoint: .sandbox),
+            AppConfiguration(name: "both", authentication: key, environments: [.production, .sandbox]),
+            AppConfiguration(name: "sim", authentication: key, endpoint: .custom(host: "127.0.0.1", port: 2197, caFile: nil)),
+            AppConfiguration(
+                name: "legacy", authentication: .certificate(.pkcs12(file: "/dev/null", password: nil)),
+                transport: .binary, legacyGateway: LegacyEndpoint(host: "127.0.0.1", port: 2295, tls: false)
+            ),
+        ]
+        let clients = try APNsClients(apps: apps, logger: Fixture.logger)
+        // Before, each of the three Apple apps got a pool in both environments: two of them to
+        // an environment whose jobs their app never sends.
+        #expect(Set(clients.pools.keys.map(\.description)) == ["prod/production", "dev/sandbox", "both/production", "both/sandbox", "sim"])
+        #expect(clients.pool(app: "prod", environment: .sandbox) == nil)
+        #expect(clients.pool(app: "sim", environment: .sandbox) != nil)
+        clients.shutdown()
+    }
+}
+
 @Suite("Dead connections", .timeLimit(.minutes(1)))
 struct DeadConnectionTests {
     @Test("A silent connection is found dead by PING, its request answered, and it is replaced")

@@ -139,21 +139,3 @@ struct BinaryIntakeTests {
         #expect(rejected.results.map(\.outcome) == [.invalid])
     }
 }
-
-@Suite("Environments a fleet connects to")
-struct ServedEnvironmentTests {
-    @Test("the default environments of HTTP/2 apps on Apple's endpoints; simulator and binary apps add none")
-    func served() {
-        let key = JobIntakeTests.key
-        let sandboxApp = AppConfiguration(name: "dev", authentication: key, defaults: JobDefaults(environment: .sandbox), endpoint: .sandbox)
-        let simulator = AppConfiguration(name: "sim", authentication: key, endpoint: .custom(host: "127.0.0.1", port: 2197, caFile: nil))
-        let binary = AppConfiguration(
-            name: "legacy", authentication: .certificate(.pkcs12(file: "/dev/null", password: nil)),
-            transport: .binary, legacyGateway: LegacyEndpoint(host: "127.0.0.1", port: 2295, tls: false)
-        )
-        #expect(FleetConfiguration(apps: [sandboxApp, simulator, binary]).servedEnvironments == [.sandbox])
-        let productionApp = AppConfiguration(name: "prod", authentication: key)
-        #expect(FleetConfiguration(apps: [sandboxApp, productionApp]).servedEnvironments == [.sandbox, .production])
-        #expect(FleetConfiguration(apps: [simulator]).servedEnvironments.isEmpty)
-    }
-}

@@ -27,6 +27,7 @@ private let yaml = """
         topic: com.example.app
         topics: [com.example.app, com.example.app.voip]
         environment: sandbox
+        environments: [sandbox, production]
         connections: 4
       legacy:
         auth: certificate
@@ -75,6 +76,7 @@ struct ConfigurationLoaderTests {
         #expect((keyFile, keyID, teamID) == ("/secrets/AuthKey.p8", "ABC123DEFG", "DEF123GHIJ"))
         #expect(example.endpoint == .sandbox)
         #expect(example.defaults.environment == .sandbox)
+        #expect(example.environments == [.sandbox, .production])
         #expect(example.connections == 4)
         #expect(example.topics == ["com.example.app", "com.example.app.voip"])
         let legacy = try #require(configuration.app(named: "legacy"))
@@ -122,6 +124,13 @@ struct ConfigurationLoaderTests {
              "configuration key 'app.a.environment': is \"staging\"; expected production, sandbox or custom"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_PRIORITY": "7"],
              "configuration key 'app.a.priority': priority is 7; it must be 10, 5 or 1"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_ENVIRONMENTS": "sandbox"],
+             "configuration key 'app.a.environments': must include production, the app's app.a.environment"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_ENVIRONMENTS": "production,staging"],
+             "configuration key 'app.a.environments': lists \"staging\"; expected production and/or sandbox"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ",
+              "APNS_FLEET_APP_A_ENVIRONMENT": "custom", "APNS_FLEET_APP_A_HOST": "127.0.0.1", "APNS_FLEET_APP_A_ENVIRONMENTS": "sandbox"],
+             "configuration key 'app.a.environments': does not apply to environment custom: one pool serves jobs of both environments"),
             (["APNS_FLEET_APPS": "a,a"], "configuration key 'apps': app a is listed twice"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_PROTOCOL": "binary"],
              "configuration key 'app.a.legacy-gateway': is required for protocol binary (Apple's own binary gateway closed on 31 March 2021; use protocol http2 for Apple)"),

@@ -145,7 +145,7 @@ struct FeedbackWorkerTests {
             configuration.sessionTimeout = .seconds(6)
             return try KafkaConsumer(configuration: configuration, logger: logger)
         }
-        let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
+        let clients = try APNsClients(apps: [app], logger: logger)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
         let jobsConsumer = try consumer("push", [topics.jobs, topics.retry])
         let pushWorker = PushWorker(

@@ -31,7 +31,7 @@ struct PushWorkerPipelineTests {
             withExtendedLifetime(backends.cluster) {}  // Kafka stays up until the test ends
         }
         let fleet = FleetConfiguration(apps: [app])
-        let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
+        let clients = try APNsClients(apps: [app], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
         consumerConfiguration.sessionTimeout = .seconds(6)
         let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger)

@@ -251,7 +251,7 @@ final class InProcessFleet: Sendable {
         )
         let (topics, client, app) = (backends.topics, backends.client, backends.app)
         let fleet = FleetConfiguration(apps: [app], retry: retry)
-        let clients = try APNsClients(apps: [app], environments: [.production], logger: logger)
+        let clients = try APNsClients(apps: [app], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
         consumerConfiguration.sessionTimeout = .seconds(6)
         let revocations = RevocationForwarder()

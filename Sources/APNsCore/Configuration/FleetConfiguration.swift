@@ -48,15 +48,6 @@ public struct FleetConfiguration: Sendable {
         self.feedback = feedback
     }
 
-    /// The APNs environments a push worker connects to: the default environments of its HTTP/2
-    /// apps that use Apple's endpoints. Each of those apps gets a pool in each of them. An app
-    /// with a custom endpoint (a simulator) has one pool whatever the environment, and a binary
-    /// app none, so neither adds one (a simulator app's default, production, used to give a
-    /// sandbox-only fleet production connections too).
-    public var servedEnvironments: Set<APNsEnvironment> {
-        Set(apps.filter { $0.transport == .http2 && !$0.endpoint.isCustom }.map(\.defaults.environment))
-    }
-
     public func app(named name: String) -> AppConfiguration? {
         appIndex(named: name).map { apps[$0] }
     }
@@ -243,6 +234,10 @@ public struct AppConfiguration: Sendable {
     /// Topics this app serves; jobs on these topics without `app` are routed here.
     public var topics: [String]
     public var endpoint: Endpoint
+    /// The Apple environments this app's jobs may ask for (a job's `environment` picks one); the
+    /// app gets a pool of `connections` in each. Default: `defaults.environment` alone. Unused
+    /// by a custom endpoint (one pool serves both) and by the binary interface.
+    public var environments: [APNsEnvironment]
     /// Long-lived connections per worker to this app's APNs. Default: 2.
     public var connections: Int
     public var transport: TransportProtocol
@@ -260,6 +255,7 @@ public struct AppConfiguration: Sendable {
         defaults: JobDefaults = JobDefaults(),
         topics: [String] = [],
         endpoint: Endpoint = .production,
+        environments: [APNsEnvironment]? = nil,
         connections: Int = 2,
         transport: TransportProtocol = .http2,
         legacyGateway: LegacyEndpoint? = nil,
@@ -270,6 +266,7 @@ public struct AppConfiguration: Sendable {
         self.defaults = defaults
         self.topics = topics
         self.endpoint = endpoint
+        self.environments = environments ?? [defaults.environment]
         self.connections = connections
         self.transport = transport
         self.legacyGateway = legacyGateway

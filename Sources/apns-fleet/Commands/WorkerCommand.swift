@@ -44,9 +44,8 @@ struct WorkerCommand: AsyncParsableCommand {
         let revocations = RevocationForwarder()
         let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: kafka), logger: logger)
-        let environments = fleet.servedEnvironments
         // HTTP/2 pools for most apps; the legacy binary gateway for apps with `protocol: binary`.
-        let clients = try APNsClients(apps: fleet.apps, environments: environments, logger: logger)
+        let clients = try APNsClients(apps: fleet.apps, logger: logger)
         let requestTimeout = Duration.milliseconds(Int64(fleet.worker.requestTimeoutSeconds * 1000))
         let legacy = try LegacyBinarySender(apps: fleet.apps, requestTimeout: requestTimeout, logger: logger)
         let sender = RoutingSender(apps: fleet.apps, binary: legacy, other: APNsClientSender(clients: clients, requestTimeout: requestTimeout))
