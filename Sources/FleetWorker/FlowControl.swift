@@ -129,8 +129,9 @@ final class RetryWaits: Sendable {
         case due
         /// Its partition is going away: re-publish it unchanged, then finish it.
         case handBack
-        /// The task was cancelled: leave the record unfinished; it is redelivered.
-        case cancelled
+        /// The task was cancelled, or the partition lost: leave the record unfinished; it is
+        /// redelivered.
+        case dropped
     }
 
     private struct Entry {
@@ -161,7 +162,7 @@ final class RetryWaits: Sendable {
                 } catch {
                     // Cancelled by the group below once woken otherwise, or by the worker's own
                     // cancellation: the first wake wins, so the former is harmless.
-                    self.wake(id, .cancelled)
+                    self.wake(id, .dropped)
                 }
             }
             let wake = await withCheckedContinuation { (continuation: CheckedContinuation<Wake, Never>) in
@@ -182,9 +183,18 @@ final class RetryWaits: Sendable {
 
     /// Wakes the records of `partitions` with ``Wake/handBack``.
     func handBack(_ partitions: [TopicPartition]) {
+        wake(partitions, .handBack)
+    }
+
+    /// Wakes the records of `partitions` with ``Wake/dropped``.
+    func drop(_ partitions: [TopicPartition]) {
+        wake(partitions, .dropped)
+    }
+
+    private func wake(_ partitions: [TopicPartition], _ wake: Wake) {
         let set = Set(partitions)
         let ids = state.withLock { state in state.entries.filter { set.contains($0.value.partition) }.map(\.key) }
-        for id in ids { wake(id, .handBack) }
+        for id in ids { self.wake(id, wake) }
     }
 
     var count: Int { state.withLock { $0.entries.count } }
@@ -204,12 +214,12 @@ final class RetryWaits: Sendable {
     }
 }
 
-/// Carries a consumer's revocations to the push worker built after it (the worker needs the
+/// Carries a consumer's revocations and losses to the push worker built after it (the worker needs the
 /// consumer, and the consumer takes its revocation handler when it is made):
 ///
 /// ```swift
 /// let revocations = RevocationForwarder()
-/// let consumer = try KafkaConsumer(configuration: …, logger: logger, onRevoke: revocations.handler)
+/// let consumer = try KafkaConsumer(configuration: …, logger: logger, onRevoke: revocations.handler, onLoss: revocations.lossHandler)
 /// let worker = PushWorker(configuration: …, consumer: consumer, …, revocations: revocations)
 /// ```
 public final class RevocationForwarder: Sendable {
@@ -225,6 +235,13 @@ public final class RevocationForwarder: Sendable {
         { partitions in
             let worker = self.target.withLock { $0.worker }
             await worker?.partitionsRevoked(partitions)
+        }
+    }
+
+    public var lossHandler: KafkaConsumer.LossHandler {
+        { partitions in
+            let worker = self.target.withLock { $0.worker }
+            worker?.partitionsLost(partitions)
         }
     }
 

@@ -101,6 +101,14 @@ public final class PushWorker: Service, Sendable {
         retryWaits.handBack(partitions)
     }
 
+    /// Partitions were lost (the session expired, or a rebalance failed): their new owner redoes
+    /// every unfinished record from the last stored offset, so retry records of theirs still
+    /// waiting for `not-before` are dropped; sent when due, they would reach the device twice.
+    /// ``RevocationForwarder/lossHandler`` passes this to the consumer's `onLoss`.
+    public func partitionsLost(_ partitions: [TopicPartition]) {
+        retryWaits.drop(partitions)
+    }
+
     public func run() async throws {
         try await withThrowingDiscardingTaskGroup { group in
             group.addTask { await self.runWaitingSteps() }
@@ -223,7 +231,7 @@ public final class PushWorker: Service, Sendable {
             let copy = KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: record.headers)
             guard await publish([copy]) else { return }
             consumer.markFinished(record)
-        case .cancelled:
+        case .dropped:
             // Left unfinished: the record is redelivered to whoever owns the partition next.
             return
         }

@@ -23,7 +23,8 @@ import Synchronization
 /// `onRevoke` hook (if any) and waits, up to ``KafkaConsumerConfiguration/drainTimeout``, for the
 /// hook to return and for every in-flight record of those partitions to be finished; then it
 /// stores their offsets and gives them up. When an assignment is lost, in-flight work is
-/// abandoned (its completions are ignored; another consumer redoes it).
+/// abandoned (its completions are ignored; another consumer redoes it), and the `onLoss` hook
+/// (if any) hears of it.
 ///
 /// Shutdown (graceful shutdown of the service, cancellation of ``run()``, or ``close()``): the
 /// batch sequence ends, the final revocation drains as above, and the consumer leaves the group.
@@ -32,6 +33,10 @@ public final class KafkaConsumer: Service, Sendable {
     /// Finish or abandon their in-flight work here; the consumer also waits for the records to be
     /// marked finished, up to the drain timeout.
     public typealias RevocationHandler = @Sendable (_ partitions: [TopicPartition]) async -> Void
+    /// Called on the polling thread when partitions are gone without a revocation (the session
+    /// expired, or a rebalance failed): nothing of theirs will be stored, and another member
+    /// redoes their unfinished records, so work not started yet is best dropped. Must not block.
+    public typealias LossHandler = @Sendable (_ partitions: [TopicPartition]) -> Void
 
     private let core: ConsumerCore
     private let handle: RDKafkaHandle
@@ -40,7 +45,8 @@ public final class KafkaConsumer: Service, Sendable {
     public init(
         configuration: KafkaConsumerConfiguration,
         logger: Logger,
-        onRevoke: RevocationHandler? = nil
+        onRevoke: RevocationHandler? = nil,
+        onLoss: LossHandler? = nil
     ) throws(KafkaError) {
         guard !configuration.topics.isEmpty else {
             throw KafkaError(code: .invalidArgument, message: "a consumer needs at least one topic")
@@ -48,7 +54,7 @@ public final class KafkaConsumer: Service, Sendable {
         guard configuration.maxBatchSize > 0, configuration.bufferCapacity > 0 else {
             throw KafkaError(code: .invalidArgument, message: "maxBatchSize and bufferCapacity must be positive")
         }
-        let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil)
+        let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil, onLoss: onLoss)
         let context = ClientContext(logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metrics) { rk, error, list in
             core.rebalance(rk, error, list)
         }
@@ -197,6 +203,7 @@ final class ConsumerCore: @unchecked Sendable {
     let configuration: KafkaConsumerConfiguration
     let logger: Logger
     let hasRevocationHandler: Bool
+    let onLoss: KafkaConsumer.LossHandler?
     let revocationRequests: AsyncStream<RevocationRequest>
     private let revocationContinuation: AsyncStream<RevocationRequest>.Continuation
 
@@ -249,11 +256,12 @@ final class ConsumerCore: @unchecked Sendable {
     private var storedOffsetGauges: [TopicPartition: Gauge] = [:]
     private var lagGauges: [TopicPartition: Gauge] = [:]
 
-    init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool) {
+    init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool, onLoss: KafkaConsumer.LossHandler?) {
         self.configuration = configuration
         self.metrics = configuration.client.metrics
         self.logger = logger
         self.hasRevocationHandler = hasRevocationHandler
+        self.onLoss = onLoss
         (revocationRequests, revocationContinuation) = AsyncStream.makeStream(bufferingPolicy: .unbounded)
     }
 
@@ -842,6 +850,7 @@ final class ConsumerCore: @unchecked Sendable {
                 assigned.remove(partition)
             }
         }
+        if !partitions.isEmpty { onLoss?(partitions) }
     }
 
     /// What the polling thread keeps per partition, dropped once the partition is no longer

@@ -175,6 +175,37 @@ extension RetryPathTests {
     }
 }
 
+extension RetryPathTests {
+    @Test("a retry record waiting for its not-before is dropped when its partition is lost, not sent by two members")
+    func waitingRetryIsDroppedWhenThePartitionIsLost() async throws {
+        let fleet = try await InProcessFleet.start(behaviour: .init(), retry: RetryPolicy(), maxInFlight: 10)
+        let token = InProcessFleet.token(2)
+        let notBefore = Int64(Date().timeIntervalSince1970 * 1000) + 120_000
+        let headers = RetryHeaders(attempt: 1, notBefore: UnixMillis(notBefore), lastReason: "ServiceUnavailable").headers
+            + [RecordHeader("job-id", "later"), RecordHeader("retry-tokens", token)]
+        let record = KafkaOutgoingMessage(
+            topic: fleet.topics.retry, key: Array("later".utf8), value: Array(#"{"id":"later","token":"\#(token)","payload":{}}"#.utf8), headers: headers
+        )
+        let brokerDown = Shared(false)
+        let droppedWhileLost = Shared(false)
+        let outcome = try await fleet.run([record], timeout: 90) { _, _ in
+            if !brokerDown.value, fleet.worker.waitingRetries == 1 {
+                // The only broker, and so the group coordinator, goes away until the session
+                // (6 s) expires: the assignment is lost, not revoked.
+                try fleet.backends.cluster.setBrokerDown(1)
+                brokerDown.update { $0 = true }
+            } else if brokerDown.value, !droppedWhileLost.value, fleet.consumer.assignment.isEmpty, fleet.worker.waitingRetries == 0 {
+                droppedWhileLost.update { $0 = true }
+                try fleet.backends.cluster.setBrokerUp(1)
+            }
+            // Back from the committed offset: the record waits again, once.
+            return droppedWhileLost.value && fleet.worker.waitingRetries == 1
+        }
+        #expect(droppedWhileLost.value, "the waiting record outlived its partition")
+        #expect(outcome.results.isEmpty, "nothing was sent before its time")
+    }
+}
+
 /// One log line, as the worker wrote it.
 struct CapturedLog: Sendable {
     var level: Logger.Level
@@ -255,7 +286,7 @@ final class InProcessFleet: Sendable {
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
         consumerConfiguration.sessionTimeout = .seconds(6)
         let revocations = RevocationForwarder()
-        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler)
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler, onLoss: revocations.lossHandler)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
         let worker = PushWorker(
             configuration: .init(fleet: fleet, workerID: "w-retry", maxInFlight: maxInFlight),

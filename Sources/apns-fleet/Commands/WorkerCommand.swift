@@ -40,9 +40,9 @@ struct WorkerCommand: AsyncParsableCommand {
         var consumerConfiguration = KafkaConsumerConfiguration(client: kafka, groupID: fleet.kafka.groupID, topics: [fleet.topics.jobs, fleet.topics.retry])
         consumerConfiguration.drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
         // Revocations reach the worker, built below: retry records waiting for their not-before
-        // are handed back instead of holding up the drain.
+        // are handed back instead of holding up the drain (and dropped when partitions are lost).
         let revocations = RevocationForwarder()
-        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler)
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler, onLoss: revocations.lossHandler)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: kafka), logger: logger)
         // HTTP/2 pools for most apps; the legacy binary gateway for apps with `protocol: binary`.
         let clients = try APNsClients(apps: fleet.apps, logger: logger)
