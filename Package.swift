@@ -53,6 +53,8 @@ let package = Package(
             from: "1.4.0",
             traits: [.defaults, "YAML"]
         ),
+        // Named directly to list a configuration file's keys; already resolved via swift-configuration's YAML trait.
+        .package(url: "https://github.com/jpsim/Yams.git", from: "6.0.0"),
     ],
     targets: [
         // MARK: - System libraries
@@ -162,6 +164,7 @@ let package = Package(
             dependencies: [
                 "APNsCore",
                 .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "Yams", package: "Yams"),
             ],
             swiftSettings: strictSettings
         ),

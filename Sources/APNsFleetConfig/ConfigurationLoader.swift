@@ -40,9 +40,25 @@ public struct ConfigurationLoader: Sendable {
         self.overrides = overrides
     }
 
+    /// Reads and checks everything. A key in the file or in `--set` that is not in the
+    /// catalogue (or belongs to an app not in `apps`) is an error, since nothing would read it.
     public func load() async throws(ConfigurationError) -> FleetConfiguration {
         let reader = try await makeReader()
-        return try FleetConfigurationDecoder(reader: reader).decode()
+        let fileKeys = try filePath.map { path throws(ConfigurationError) in try UnknownKeys.keys(ofFile: path) } ?? []
+        let flagKeys = overrides.compactMap { pair in pair.firstIndex(of: "=").map { String(pair[..<$0]) } }
+        try UnknownKeys.check(fileKeys, source: "in \(filePath ?? "the config file")")
+        try UnknownKeys.check(flagKeys, source: "in --set")
+        let configuration = try FleetConfigurationDecoder(reader: reader).decode()
+        let apps = configuration.apps.map(\.name)
+        try UnknownKeys.checkApps(fileKeys, source: "in \(filePath ?? "the config file")", apps: apps)
+        try UnknownKeys.checkApps(flagKeys, source: "in --set", apps: apps)
+        return configuration
+    }
+
+    /// `APNS_FLEET_*` variables of `environment` that set no key of `configuration`: typos, or
+    /// variables an orchestrator adds (Kubernetes' service links), so warned about, not refused.
+    public func unknownEnvironmentVariables(for configuration: FleetConfiguration) -> [String] {
+        UnknownKeys.unknownVariables(in: environment, apps: configuration.apps.map(\.name))
     }
 
     /// Environment variable name for a configuration key.

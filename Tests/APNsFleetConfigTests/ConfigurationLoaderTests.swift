@@ -208,6 +208,59 @@ struct ConfigurationLoaderTests {
         #expect(SecurityWarnings.all(for: strict).isEmpty)
     }
 
+    @Test("a key nothing reads stops the process, naming it and the nearest real key")
+    func unknownKeys() async throws {
+        let typo = try temporaryFile("fleet.yaml", yaml.replacingOccurrences(of: "environment: sandbox\n", with: "enviroment: sandbox\n"))
+        await #expect(throws: ConfigurationError(
+            key: "app.example.enviroment", "is not a configuration key (did you mean app.example.environment?); see docs/configuration.md (in \(typo))"
+        )) { try await ConfigurationLoader(filePath: typo).load() }
+
+        let json = try temporaryFile("fleet.json", #"{"worker": {"max-in-flight": 10, "max_tokens_per_job": 5}}"#)
+        await #expect(throws: ConfigurationError(
+            key: "worker.max_tokens_per_job", "is not a configuration key (did you mean worker.max-tokens-per-job?); see docs/configuration.md (in \(json))"
+        )) { try await ConfigurationLoader(filePath: json).load() }
+
+        let unlisted = try temporaryFile("fleet.yaml", yaml.replacingOccurrences(of: "app:\n", with: "app:\n  staging:\n    key-id: ABC123DEFG\n"))
+        await #expect(throws: ConfigurationError(
+            key: "app.staging.key-id", "app staging is not in apps (listed: example, legacy), so this is never read (in \(unlisted))"
+        )) { try await ConfigurationLoader(filePath: unlisted).load() }
+
+        await #expect(throws: ConfigurationError(key: "admin.prot", "is not a configuration key (did you mean admin.port?); see docs/configuration.md (in --set)")) {
+            try await ConfigurationLoader(overrides: ["admin.prot=9000"]).load()
+        }
+        // Dotted keys at the top level of a file are the same keys as nested ones.
+        let dotted = try temporaryFile("fleet.yaml", "admin.port: 9000\nworker:\n  max-in-flight: 7\n")
+        let configuration = try await ConfigurationLoader(filePath: dotted).load()
+        #expect(configuration.admin.port == 9000 && configuration.worker.maxInFlight == 7)
+    }
+
+    @Test("an APNS_FLEET_ variable that sets no key is reported, to be warned about")
+    func unknownEnvironmentVariables() async throws {
+        let environment = [
+            "APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ",
+            "APNS_FLEET_APP_A_ENVIROMENT": "sandbox", "APNS_FLEET_APP_B_TOPIC": "x", "APNS_FLEET_ADMIN_PORT": "9464", "HOME": "/root",
+        ]
+        let loader = ConfigurationLoader(environment: environment)
+        let configuration = try await loader.load()
+        #expect(loader.unknownEnvironmentVariables(for: configuration) == ["APNS_FLEET_APP_A_ENVIROMENT", "APNS_FLEET_APP_B_TOPIC"])
+    }
+
+    @Test(
+        "app names are lower case, and two may not share environment variables",
+        arguments: [
+            ("myApp", "configuration key 'apps': app name \"myApp\" may only use lower-case letters a-z, digits, - and _ (it is part of environment variable names)"),
+            ("my-app,my_app", "configuration key 'apps': apps my-app and my_app would share environment variables (APNS_FLEET_APP_MY_APP_*); rename one"),
+        ]
+    )
+    func appNames(apps: String, message: String) async {
+        do {
+            _ = try await ConfigurationLoader(environment: ["APNS_FLEET_APPS": apps]).load()
+            Issue.record("\(apps) was accepted")
+        } catch {
+            #expect(error.description == message)
+        }
+    }
+
     @Test("docs/configuration.md documents every key the loader reads")
     func referenceIsComplete() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()

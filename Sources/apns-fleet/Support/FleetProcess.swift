@@ -31,10 +31,14 @@ struct FleetProcess {
     let processID: String
 
     init(label: String, options: FleetProcessOptions, idPrefix: String) async throws {
-        fleet = try await ConfigurationLoader(filePath: options.config, environment: ProcessInfo.processInfo.environment, overrides: options.overrides).load()
+        let loader = ConfigurationLoader(filePath: options.config, environment: ProcessInfo.processInfo.environment, overrides: options.overrides)
+        fleet = try await loader.load()
         var logger = Logger(label: label)
         logger.logLevel = options.logLevel
         for warning in SecurityWarnings.all(for: fleet) { logger.warning("\(warning)") }
+        for name in loader.unknownEnvironmentVariables(for: fleet) {
+            logger.warning("environment variable \(name) sets no configuration key; ignored (a typo? see docs/configuration.md)")
+        }
         self.logger = logger
         registry = PrometheusCollectorRegistry()
         var factory = PrometheusMetricsFactory(registry: registry)

@@ -1,0 +1,112 @@
+import APNsCore
+import Foundation
+import Yams
+
+/// A key nobody reads is a mistake: `app.example.enviroment: sandbox` would leave the app on
+/// production without a word. The configuration file and `--set` may hold only catalogued keys
+/// (`ConfigurationKeys`), and app keys only for listed apps. Environment variables are only
+/// warned about, because Kubernetes adds `<SERVICE>_PORT`-style variables of its own.
+enum UnknownKeys {
+    /// The keys of a configuration file, flattened the way swift-configuration reads them:
+    /// nested mappings joined with `.`; lists and scalars are values.
+    static func keys(ofFile path: String) throws(ConfigurationError) -> [String] {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigurationError(key: nil, "cannot read config file \(path)")
+        }
+        do {
+            let lower = path.lowercased()
+            if lower.hasSuffix(".json") {
+                return flatten(json: try JSONSerialization.jsonObject(with: data), prefix: nil)
+            }
+            guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return [] }
+            return flatten(yaml: node, prefix: nil)
+        } catch {
+            throw ConfigurationError(key: nil, "cannot read config file \(path): \(error)")
+        }
+    }
+
+    private static func flatten(yaml node: Node, prefix: String?) -> [String] {
+        guard let mapping = node.mapping else { return prefix.map { [$0] } ?? [] }
+        return mapping.flatMap { key, value in
+            let name = key.string ?? "\(key)"
+            return flatten(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name)
+        }
+    }
+
+    private static func flatten(json value: Any, prefix: String?) -> [String] {
+        guard let object = value as? [String: Any] else { return prefix.map { [$0] } ?? [] }
+        return object.flatMap { name, value in flatten(json: value, prefix: prefix.map { "\($0).\(name)" } ?? name) }
+    }
+
+    /// Checks `keys` (from `source`, for the message) against the catalogue: the first unknown
+    /// key is an error, with the nearest known key as a suggestion.
+    static func check(_ keys: [String], source: String) throws(ConfigurationError) {
+        for key in keys.sorted() where !isCatalogued(key) {
+            let hint = suggestion(for: key).map { " (did you mean \($0)?)" } ?? ""
+            throw ConfigurationError(key: key, "is not a configuration key\(hint); see docs/configuration.md (\(source))")
+        }
+    }
+
+    /// App keys name listed apps only: a block for an app missing from `apps` is never read.
+    static func checkApps(_ keys: [String], source: String, apps: [String]) throws(ConfigurationError) {
+        for key in keys.sorted() {
+            guard let app = appName(in: key), !apps.contains(app) else { continue }
+            let listed = apps.isEmpty ? "none" : apps.joined(separator: ", ")
+            throw ConfigurationError(key: key, "app \(app) is not in apps (listed: \(listed)), so this is never read (\(source))")
+        }
+    }
+
+    /// Names of `APNS_FLEET_*` variables in `environment` that set no key of `configuration`.
+    static func unknownVariables(in environment: [String: String], apps: [String]) -> [String] {
+        var known = Set<String>()
+        for key in ConfigurationKeys.all {
+            if key.name.hasPrefix(appPrefix) {
+                for app in apps { known.insert(ConfigurationLoader.environmentName(for: key.name.replacingOccurrences(of: "<name>", with: app))) }
+            } else {
+                known.insert(key.environmentName)
+            }
+        }
+        return environment.keys.filter { $0.hasPrefix(ConfigurationLoader.environmentPrefix) && !known.contains($0) }.sorted()
+    }
+
+    private static let appPrefix = "app.<name>."
+
+    private static let plainKeys = Set(ConfigurationKeys.all.map(\.name).filter { !$0.hasPrefix(appPrefix) })
+    private static let appKeySuffixes = Set(ConfigurationKeys.all.map(\.name).filter { $0.hasPrefix(appPrefix) }.map { String($0.dropFirst(appPrefix.count)) })
+
+    /// `app.<name>.<suffix>`'s name, if `key` has that shape.
+    private static func appName(in key: String) -> String? {
+        let parts = key.split(separator: ".", maxSplits: 2, omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0] == "app" else { return nil }
+        return String(parts[1])
+    }
+
+    private static func isCatalogued(_ key: String) -> Bool {
+        if plainKeys.contains(key) { return true }
+        let parts = key.split(separator: ".", maxSplits: 2, omittingEmptySubsequences: false)
+        return parts.count == 3 && parts[0] == "app" && !parts[1].isEmpty && appKeySuffixes.contains(String(parts[2]))
+    }
+
+    /// The catalogued key closest to `key` (at most a third of its characters different).
+    private static func suggestion(for key: String) -> String? {
+        var candidates = plainKeys
+        if let app = appName(in: key) {
+            candidates.formUnion(appKeySuffixes.map { "app.\(app).\($0)" })
+        }
+        let scored = candidates.map { ($0, editDistance(Array(key.utf8), Array($0.utf8))) }
+        guard let best = scored.min(by: { $0.1 < $1.1 || ($0.1 == $1.1 && $0.0 < $1.0) }), best.1 <= max(2, key.utf8.count / 3) else { return nil }
+        return best.0
+    }
+
+    private static func editDistance(_ a: [UInt8], _ b: [UInt8]) -> Int {
+        var previous = Array(0...b.count)
+        for (i, x) in a.enumerated() {
+            var current = [i + 1] + Array(repeating: 0, count: b.count)
+            for (j, y) in b.enumerated() {
+                current[j + 1] = min(previous[j + 1] + 1, current[j] + 1, previous[j] + (x == y ? 0 : 1))
+            }
+            previous = current
+        }
+        return previous[b.count]
+    }
+}
