@@ -452,8 +452,8 @@ class Checker:
             effective[key] = value
             given.add(key)
         for app in apps:
-            if not re.fullmatch(r"[A-Za-z0-9_-]+", app):
-                self.problem(path, f"{what}: app name '{app}' may only use letters, digits, - and _")
+            if not re.fullmatch(r"[a-z0-9_-]+", app):
+                self.problem(path, f"{what}: app name '{app}' may only use lower-case letters a-z, digits, - and _")
             auth = str(effective.get(f"app.{app}.auth", "token"))
             if auth == "token":
                 for suffix in ("key-file", "key-id", "team-id"):
@@ -574,6 +574,7 @@ class Checker:
                          "healthcheck": parent["healthcheck"] if parent else None,
                          "entrypoint": parent["entrypoint"] if parent else None,
                          "runs": [], "copies": list(parent["copies"]) if parent else [],
+                         "env": dict(parent["env"]) if parent else {},
                          "root_image": parent["root_image"] if parent else base}
                 stages[name] = stage
                 order.append(name)
@@ -588,7 +589,13 @@ class Checker:
                     stage["runs"].append(rest)
                 elif instruction == "COPY":
                     stage["copies"].append(rest)
+                elif instruction == "ENV":
+                    for pair in shlex.split(rest):
+                        name, _, value = pair.partition("=")
+                        stage["env"][name] = value
         self.stages = stages
+        # What the image's ENV sets; a container's own env wins over it (Kubernetes, compose).
+        self.image_env = dict(stages[order[-1]]["env"]) if order else {}
         self.dockerfile_entrypoint = None
         if not order:
             self.problem(path, "has no FROM")
@@ -1075,7 +1082,9 @@ class Checker:
                 mounts[mount.get("mountPath").rstrip("/")] = volumes[mount.get("name")]
             # The config file: --config must be a key of a mounted ConfigMap.
             config, config_path, config_source = {}, option_value(args, "--config"), path
-            env = {}
+            # The image's ENV applies unless the container sets the variable itself: it wins over
+            # the config file, so a changed admin.port in fleet.yaml would be silently undone.
+            env = dict(getattr(self, "image_env", {}))
             for variable in container.get("env") or []:
                 env[variable.get("name")] = str(variable.get("value", ""))
                 ref = (variable.get("valueFrom") or {})
@@ -1472,6 +1481,9 @@ BREAKAGES = [
     ("a token-auth app that names a legacy feedback service over TLS", "deploy/base/fleet.yaml",
      lambda p: mutate_text(p, "    environment: production\n    connections: 4\n", "    environment: production\n    connections: 4\n    legacy-feedback: feedback.push.apple.com:2196\n"),
      "refuses to start"),
+    ("an image ENV that overrides the port fleet.yaml sets", "docker/Dockerfile",
+     lambda p: mutate_text(p, "ENV APNS_FLEET_ADMIN_HOST=0.0.0.0\n", "ENV APNS_FLEET_ADMIN_HOST=0.0.0.0 APNS_FLEET_ADMIN_PORT=8080\n"),
+     "admin.port 8080 is not a container port"),
     ("an image that runs as root", "docker/Dockerfile",
      lambda p: mutate_text(p, "USER 10001:10001\nWORKDIR", "USER root\nWORKDIR"),
      "runs as root"),

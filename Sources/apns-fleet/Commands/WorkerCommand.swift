@@ -49,8 +49,9 @@ struct WorkerCommand: AsyncParsableCommand {
         let requestTimeout = Duration.milliseconds(Int64(fleet.worker.requestTimeoutSeconds * 1000))
         let legacy = try LegacyBinarySender(apps: fleet.apps, requestTimeout: requestTimeout, logger: logger)
         let sender = RoutingSender(apps: fleet.apps, binary: legacy, other: APNsClientSender(clients: clients, requestTimeout: requestTimeout))
-        // Sized from the pools' streams: APNs usually allows 1000 per connection.
-        let streams = fleet.apps.reduce(0) { $0 + $1.connections } * 1000
+        // Sized from the pools' streams: APNs usually allows 1000 per connection, and an app on
+        // Apple's endpoints has a pool per environment it serves.
+        let streams = fleet.apps.reduce(0) { $0 + $1.connections * ($1.transport == .http2 && !$1.endpoint.isCustom ? $1.environments.count : 1) } * 1000
         let maxInFlight = fleet.worker.maxInFlight > 0 ? fleet.worker.maxInFlight : min(streams, 10_000)
         let worker = PushWorker(
             configuration: .init(fleet: fleet, workerID: workerID, maxInFlight: maxInFlight),
