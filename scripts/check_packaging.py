@@ -86,20 +86,17 @@ class SourceFacts:
         text = read(path)
         prefix = re.search(r'environmentPrefix\s*=\s*"([^"]+)"', text)
         body = re.search(r"func bareEnvironmentName\(for key: String\) -> String \{(.*?)\n    \}", text, re.S)
-        if not prefix or not body:
-            self.problem(path, "cannot find environmentPrefix or bareEnvironmentName(for:); update scripts/check_packaging.py")
-            self.env_prefix, self.env_underscored = "APNS_FLEET_", {".", "-"}
-            return
-        self.env_prefix = prefix.group(1)
-        if "uppercased()" not in body.group(1):
-            self.problem(path, "bareEnvironmentName no longer upper-cases keys; update scripts/check_packaging.py")
-        self.env_underscored = set(re.findall(r'\$0 == "(.)"', body.group(1)))
-        if not self.env_underscored:
-            self.problem(path, "cannot read which characters bareEnvironmentName turns into '_'")
+        self.env_prefix = prefix.group(1) if prefix else "APNS_FLEET_"
+        # The rule mirrored below (swift-configuration's): per dotted component, "_" at each
+        # lower-to-upper step, upper-cased, everything but letters and digits as "_".
+        if not prefix or not body or not all(part in body.group(1) for part in ("isLowercase", "isUppercase", "uppercased()", "isLetter || $0.isNumber")):
+            self.problem(path, "bareEnvironmentName(for:) no longer follows the rule check_packaging.py mirrors; update scripts/check_packaging.py")
 
     def env_name(self, key: str) -> str:
-        bare = "".join("_" if c in self.env_underscored else c for c in key.upper())
-        return self.env_prefix + bare
+        def component(text: str) -> str:
+            text = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", text)
+            return "".join(c if c.isalnum() else "_" for c in text.upper())
+        return self.env_prefix + "_".join(component(part) for part in key.split("."))
 
     def key_for_env(self, name: str, apps: list[str]) -> tuple[str | None, str | None]:
         """(key, problem) for an APNS_FLEET_ variable; app keys resolve against `apps`."""
@@ -452,8 +449,8 @@ class Checker:
             effective[key] = value
             given.add(key)
         for app in apps:
-            if not re.fullmatch(r"[a-z0-9_-]+", app):
-                self.problem(path, f"{what}: app name '{app}' may only use lower-case letters a-z, digits, - and _")
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", app):
+                self.problem(path, f"{what}: app name '{app}' may only use letters, digits, - and _")
             auth = str(effective.get(f"app.{app}.auth", "token"))
             if auth == "token":
                 for suffix in ("key-file", "key-id", "team-id"):

@@ -17,7 +17,9 @@ public struct ConfigurationKey: Sendable, Hashable {
 
     /// The environment variable that sets this key (`<name>` stays a placeholder for app keys).
     public var environmentName: String {
-        ConfigurationLoader.environmentName(for: name)
+        let parts = name.split(separator: ".", maxSplits: 2)
+        guard parts.count == 3, parts[1] == "<name>" else { return ConfigurationLoader.environmentName(for: name) }
+        return ConfigurationLoader.environmentName(for: String(parts[0])) + "_<NAME>_" + ConfigurationLoader.bareEnvironmentName(for: String(parts[2]))
     }
 }
 

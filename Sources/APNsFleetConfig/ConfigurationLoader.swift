@@ -41,7 +41,8 @@ public struct ConfigurationLoader: Sendable {
     }
 
     /// Reads and checks everything. A key in the file or in `--set` that is not in the
-    /// catalogue (or belongs to an app not in `apps`) is an error, since nothing would read it.
+    /// catalogue (or, in `--set`, belongs to an app not in `apps`) is an error, since nothing
+    /// would read it.
     public func load() async throws(ConfigurationError) -> FleetConfiguration {
         let reader = try await makeReader()
         let fileKeys = try filePath.map { path throws(ConfigurationError) in try UnknownKeys.keys(ofFile: path) } ?? []
@@ -49,9 +50,7 @@ public struct ConfigurationLoader: Sendable {
         try UnknownKeys.check(fileKeys, source: "in \(filePath ?? "the config file")")
         try UnknownKeys.check(flagKeys, source: "in --set")
         let configuration = try FleetConfigurationDecoder(reader: reader).decode()
-        let apps = configuration.apps.map(\.name)
-        try UnknownKeys.checkApps(fileKeys, source: "in \(filePath ?? "the config file")", apps: apps)
-        try UnknownKeys.checkApps(flagKeys, source: "in --set", apps: apps)
+        try UnknownKeys.checkApps(flagKeys, source: "in --set", apps: configuration.apps.map(\.name))
         return configuration
     }
 
@@ -66,8 +65,19 @@ public struct ConfigurationLoader: Sendable {
         environmentPrefix + bareEnvironmentName(for: key)
     }
 
+    /// As swift-configuration's environment provider names a key (it looks values up by this
+    /// name, so `--set` and the documented names must agree with it): per dotted component, an
+    /// `_` at each lower-to-upper case step (`myApp` → `MY_APP`), upper-cased, anything but
+    /// letters and digits as `_`.
     static func bareEnvironmentName(for key: String) -> String {
-        String(key.uppercased().map { $0 == "." || $0 == "-" ? "_" : $0 })
+        key.split(separator: ".", omittingEmptySubsequences: false).map { component in
+            var characters: [Character] = []
+            for character in component {
+                if let previous = characters.last, previous.isLowercase, character.isUppercase { characters.append("_") }
+                characters.append(character)
+            }
+            return String(characters).uppercased().map { $0.isLetter || $0.isNumber ? String($0) : "_" }.joined()
+        }.joined(separator: "_")
     }
 
     private func makeReader() async throws(ConfigurationError) -> ConfigReader {

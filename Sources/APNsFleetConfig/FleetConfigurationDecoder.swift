@@ -19,10 +19,8 @@ struct FleetConfigurationDecoder {
         var seen = Set<String>()
         var variableNames: [String: String] = [:]
         for appName in names {
-            // Lower case only: the name is part of environment variable names, and the library
-            // reading them turns "myApp" into MY_APP, not the documented MYAPP.
-            guard !appName.isEmpty, appName.unicodeScalars.allSatisfy({ ("a"..."z").contains($0) || ("0"..."9").contains($0) || $0 == "-" || $0 == "_" }) else {
-                throw ConfigurationError(key: "apps", "app name \"\(appName.prefix(40))\" may only use lower-case letters a-z, digits, - and _ (it is part of environment variable names)")
+            guard !appName.isEmpty, appName.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" }) else {
+                throw ConfigurationError(key: "apps", "app name \"\(appName.prefix(40))\" may only use letters, digits, - and _")
             }
             guard seen.insert(appName).inserted else {
                 throw ConfigurationError(key: "apps", "app \(appName) is listed twice")

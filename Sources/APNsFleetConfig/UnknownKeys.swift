@@ -4,11 +4,13 @@ import Yams
 
 /// A key nobody reads is a mistake: `app.example.enviroment: sandbox` would leave the app on
 /// production without a word. The configuration file and `--set` may hold only catalogued keys
-/// (`ConfigurationKeys`), and app keys only for listed apps. Environment variables are only
-/// warned about, because Kubernetes adds `<SERVICE>_PORT`-style variables of its own.
+/// (`ConfigurationKeys`); `--set` app keys only for listed apps (a file shared by deployments
+/// that pick different `apps` may configure more). Environment variables are only warned
+/// about, because Kubernetes adds `<SERVICE>_PORT`-style variables of its own.
 enum UnknownKeys {
     /// The keys of a configuration file, flattened the way swift-configuration reads them:
-    /// nested mappings joined with `.`; lists and scalars are values.
+    /// nested mappings joined with `.`; lists and scalars are values; nulls set nothing (an
+    /// empty section). Top-level `x-*` keys are left alone, as holders of YAML anchors.
     static func keys(ofFile path: String) throws(ConfigurationError) -> [String] {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw ConfigurationError(key: nil, "cannot read config file \(path)")
@@ -26,14 +28,17 @@ enum UnknownKeys {
     }
 
     private static func flatten(yaml node: Node, prefix: String?) -> [String] {
+        if node.null != nil { return [] }
         guard let mapping = node.mapping else { return prefix.map { [$0] } ?? [] }
-        return mapping.flatMap { key, value in
+        return mapping.flatMap { key, value -> [String] in
             let name = key.string ?? "\(key)"
+            if prefix == nil, name.hasPrefix("x-") { return [] }
             return flatten(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name)
         }
     }
 
     private static func flatten(json value: Any, prefix: String?) -> [String] {
+        if value is NSNull { return [] }
         guard let object = value as? [String: Any] else { return prefix.map { [$0] } ?? [] }
         return object.flatMap { name, value in flatten(json: value, prefix: prefix.map { "\($0).\(name)" } ?? name) }
     }
@@ -42,12 +47,31 @@ enum UnknownKeys {
     /// key is an error, with the nearest known key as a suggestion.
     static func check(_ keys: [String], source: String) throws(ConfigurationError) {
         for key in keys.sorted() where !isCatalogued(key) {
+            // A value that parsed as a mapping (a password starting with "{", say): name the
+            // key only, never what follows it.
+            if let parent = catalogued(prefixOf: key) {
+                throw ConfigurationError(key: parent, "must be a single value, not a mapping (\(source))")
+            }
+            if key.split(separator: ".").contains("<<") {
+                throw ConfigurationError(key: key, "YAML merge keys (<<) are not supported; write the keys out (\(source))")
+            }
             let hint = suggestion(for: key).map { " (did you mean \($0)?)" } ?? ""
             throw ConfigurationError(key: key, "is not a configuration key\(hint); see docs/configuration.md (\(source))")
         }
     }
 
-    /// App keys name listed apps only: a block for an app missing from `apps` is never read.
+    /// The catalogued key that `key` extends with more dotted components, if any.
+    private static func catalogued(prefixOf key: String) -> String? {
+        var end = key.endIndex
+        while let dot = key[..<end].lastIndex(of: ".") {
+            let candidate = String(key[..<dot])
+            if isCatalogued(candidate) { return candidate }
+            end = dot
+        }
+        return nil
+    }
+
+    /// App keys name listed apps only: a `--set` for an app missing from `apps` is never read.
     static func checkApps(_ keys: [String], source: String, apps: [String]) throws(ConfigurationError) {
         for key in keys.sorted() {
             guard let app = appName(in: key), !apps.contains(app) else { continue }

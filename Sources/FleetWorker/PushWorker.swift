@@ -212,12 +212,17 @@ public final class PushWorker: Service, Sendable {
     }
 
     private func processWhenDue(_ record: KafkaRecord, waitMilliseconds: Int64) async {
+        // A loss reported before this wait began (the record was still in a batch) did not drop
+        // it: check here, and again when it is due.
+        guard consumer.isCurrent(record) else { return }
         let partition = record.topicPartition
         pauses.startWaiting(partition)
         let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds)
         pauses.stopWaiting(partition)
         switch wake {
         case .due:
+            // Its partition moved on meanwhile: the new owner sends it.
+            guard consumer.isCurrent(record) else { return }
             let weight = Self.weight(of: record)
             await limiter.acquire(weight)
             await process(record)

@@ -113,6 +113,11 @@ public final class KafkaConsumer: Service, Sendable {
     /// The partitions currently assigned to this consumer.
     public var assignment: [TopicPartition] { core.assignedPartitions() }
 
+    /// Whether `record`'s partition is still this member's under the assignment the record was
+    /// fetched in. False once it was revoked or lost (even if assigned again since): its new
+    /// owner redoes the record from the stored offset.
+    public func isCurrent(_ record: KafkaRecord) -> Bool { core.isCurrent(record) }
+
     /// The assigned partitions librdkafka is currently not fetching: those paused by the caller,
     /// or all of them while the buffer is full.
     public var pausedPartitions: [TopicPartition] { core.pausedPartitions() }
@@ -347,6 +352,7 @@ final class ConsumerCore: @unchecked Sendable {
     }
 
     func assignedPartitions() -> [TopicPartition] { locked { Array(assigned) } }
+    func isCurrent(_ record: KafkaRecord) -> Bool { locked { tracker.epoch(of: record.topicPartition) == record.assignmentEpoch } }
     func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
     func inFlightCount() -> Int {
         locked {

@@ -220,18 +220,33 @@ struct ConfigurationLoaderTests {
             key: "worker.max_tokens_per_job", "is not a configuration key (did you mean worker.max-tokens-per-job?); see docs/configuration.md (in \(json))"
         )) { try await ConfigurationLoader(filePath: json).load() }
 
-        let unlisted = try temporaryFile("fleet.yaml", yaml.replacingOccurrences(of: "app:\n", with: "app:\n  staging:\n    key-id: ABC123DEFG\n"))
+        // A file shared by deployments may configure apps that this one does not list...
+        let shared = try temporaryFile("fleet.yaml", yaml.replacingOccurrences(of: "app:\n", with: "app:\n  staging:\n    key-id: ABC123DEFG\n"))
+        #expect(try await ConfigurationLoader(filePath: shared).load().apps.map(\.name) == ["example", "legacy"])
+        // ...but a --set for an unlisted app is never read.
         await #expect(throws: ConfigurationError(
-            key: "app.staging.key-id", "app staging is not in apps (listed: example, legacy), so this is never read (in \(unlisted))"
-        )) { try await ConfigurationLoader(filePath: unlisted).load() }
+            key: "app.staging.connections", "app staging is not in apps (listed: example, legacy), so this is never read (in --set)"
+        )) { try await ConfigurationLoader(filePath: shared, overrides: ["app.staging.connections=3"]).load() }
 
         await #expect(throws: ConfigurationError(key: "admin.prot", "is not a configuration key (did you mean admin.port?); see docs/configuration.md (in --set)")) {
             try await ConfigurationLoader(overrides: ["admin.prot=9000"]).load()
         }
-        // Dotted keys at the top level of a file are the same keys as nested ones.
-        let dotted = try temporaryFile("fleet.yaml", "admin.port: 9000\nworker:\n  max-in-flight: 7\n")
+        // A password that YAML reads as a mapping: the message names the key, not the value.
+        let braces = try temporaryFile("fleet.yaml", "kafka:\n  sasl:\n    password: {S3cr3t: x}\n")
+        await #expect(throws: ConfigurationError(key: "kafka.sasl.password", "must be a single value, not a mapping (in \(braces))")) {
+            try await ConfigurationLoader(filePath: braces).load()
+        }
+        let merge = try temporaryFile("fleet.yaml", "x-common: &common\n  connections: 4\napps: [a]\napp:\n  a:\n    <<: *common\n")
+        await #expect(throws: ConfigurationError(key: "app.a.<<.connections", "YAML merge keys (<<) are not supported; write the keys out (in \(merge))")) {
+            try await ConfigurationLoader(filePath: merge).load()
+        }
+        // Dotted keys at the top level of a file are the same keys as nested ones; an empty
+        // section, a null and an x- anchor holder set nothing.
+        let dotted = try temporaryFile("fleet.yaml", "admin.port: 9000\nworker:\n  max-in-flight: 7\nkafka:\nfeedback: ~\nx-defaults: &d {any: thing}\n")
         let configuration = try await ConfigurationLoader(filePath: dotted).load()
         #expect(configuration.admin.port == 9000 && configuration.worker.maxInFlight == 7)
+        let nulls = try temporaryFile("fleet.json", #"{"kafka": {"sasl": null}, "admin": {"port": 9001}}"#)
+        #expect(try await ConfigurationLoader(filePath: nulls).load().admin.port == 9001)
     }
 
     @Test("an APNS_FLEET_ variable that sets no key is reported, to be warned about")
@@ -245,19 +260,23 @@ struct ConfigurationLoaderTests {
         #expect(loader.unknownEnvironmentVariables(for: configuration) == ["APNS_FLEET_APP_A_ENVIROMENT", "APNS_FLEET_APP_B_TOPIC"])
     }
 
-    @Test(
-        "app names are lower case, and two may not share environment variables",
-        arguments: [
-            ("myApp", "configuration key 'apps': app name \"myApp\" may only use lower-case letters a-z, digits, - and _ (it is part of environment variable names)"),
-            ("my-app,my_app", "configuration key 'apps': apps my-app and my_app would share environment variables (APNS_FLEET_APP_MY_APP_*); rename one"),
+    @Test("a camelCase app name is set through the variables the configuration library reads (MY_APP), and by --set")
+    func camelCaseAppNames() async throws {
+        let environment = [
+            "APNS_FLEET_APPS": "myApp", "APNS_FLEET_APP_MY_APP_KEY_FILE": "/k.p8", "APNS_FLEET_APP_MY_APP_KEY_ID": "ABC123DEFG",
+            "APNS_FLEET_APP_MY_APP_TEAM_ID": "DEF123GHIJ",
         ]
-    )
-    func appNames(apps: String, message: String) async {
-        do {
-            _ = try await ConfigurationLoader(environment: ["APNS_FLEET_APPS": apps]).load()
-            Issue.record("\(apps) was accepted")
-        } catch {
-            #expect(error.description == message)
+        let loader = ConfigurationLoader(environment: environment, overrides: ["app.myApp.connections=3"])
+        let configuration = try await loader.load()
+        #expect(configuration.apps.first?.connections == 3)
+        #expect(loader.unknownEnvironmentVariables(for: configuration).isEmpty)
+        for apps in ["my-app,my_app", "myApp,my_app"] {
+            do {
+                _ = try await ConfigurationLoader(environment: ["APNS_FLEET_APPS": apps]).load()
+                Issue.record("\(apps) was accepted")
+            } catch {
+                #expect(error.description.hasSuffix("would share environment variables (APNS_FLEET_APP_MY_APP_*); rename one"))
+            }
         }
     }
 

@@ -74,6 +74,8 @@ struct WorkerCommand: AsyncParsableCommand {
         logger.info("worker starting", metadata: [
             "worker.id": "\(workerID)", "kafka.group": "\(fleet.kafka.groupID)",
             "apps": "\(fleet.apps.map(\.name).joined(separator: ","))", "worker.max-in-flight": "\(maxInFlight)",
+            // Which environments each app's jobs can use (app.<name>.environments).
+            "apns.pools": "\(clients.pools.keys.map(\.description).sorted().joined(separator: ","))",
             "malloc": "\(MemoryAllocator.description)",
         ])
         // Shutdown runs in reverse order: the consumer stops first (ending the worker's input),
