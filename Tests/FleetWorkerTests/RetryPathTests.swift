@@ -146,13 +146,8 @@ extension RetryPathTests {
     @Test("a retry record waiting for its not-before is handed back at revocation instead of holding up the drain")
     func waitingRetryIsHandedBackOnClose() async throws {
         let fleet = try await InProcessFleet.start(behaviour: .init(), retry: RetryPolicy(), maxInFlight: 10)
-        let token = InProcessFleet.token(1)
         let notBefore = Int64(Date().timeIntervalSince1970 * 1000) + 60_000
-        let headers = RetryHeaders(attempt: 1, notBefore: UnixMillis(notBefore), lastReason: "ServiceUnavailable").headers
-            + [RecordHeader("job-id", "later"), RecordHeader("retry-tokens", token)]
-        let record = KafkaOutgoingMessage(
-            topic: fleet.topics.retry, key: Array("later".utf8), value: Array(#"{"id":"later","token":"\#(token)","payload":{}}"#.utf8), headers: headers
-        )
+        let record = fleet.retryRecord(token: InProcessFleet.token(1), notBefore: notBefore)
         let closedAt = Shared<ContinuousClock.Instant?>(nil)
         let outcome = try await fleet.run([record]) { _, retries in
             if closedAt.value == nil, fleet.worker.waitingRetries == 1 {
@@ -174,21 +169,14 @@ extension RetryPathTests {
             #expect(copy.headers.text("not-before") == String(notBefore) && copy.headers.text("attempt") == "1")
         }
     }
-}
 
-extension RetryPathTests {
     @Test("a retry record waiting for its not-before is dropped when its partition is lost, not sent by two members")
     func waitingRetryIsDroppedWhenThePartitionIsLost() async throws {
         let fleet = try await InProcessFleet.start(behaviour: .init(), retry: RetryPolicy(), maxInFlight: 10)
-        let token = InProcessFleet.token(2)
         // Due after the loss (6 s of session, plus detection) and within the run: the new
         // assignment sends it then, and a wait that outlived the loss would send it too.
         let notBefore = Int64(Date().timeIntervalSince1970 * 1000) + 25_000
-        let headers = RetryHeaders(attempt: 1, notBefore: UnixMillis(notBefore), lastReason: "ServiceUnavailable").headers
-            + [RecordHeader("job-id", "later"), RecordHeader("retry-tokens", token)]
-        let record = KafkaOutgoingMessage(
-            topic: fleet.topics.retry, key: Array("later".utf8), value: Array(#"{"id":"later","token":"\#(token)","payload":{}}"#.utf8), headers: headers
-        )
+        let record = fleet.retryRecord(token: InProcessFleet.token(2), notBefore: notBefore)
         let brokerDown = Shared(false)
         let droppedWhileLost = Shared(false)
         let outcome = try await fleet.run([record], timeout: 45) { results, _ in
@@ -308,6 +296,15 @@ final class InProcessFleet: Sendable {
         return InProcessFleet(
             backends: backends, clients: clients,
             consumer: consumer, producer: producer, worker: worker, reader: reader, logger: logger
+        )
+    }
+
+    /// A retry record of a one-token job that has been tried once, due at `notBefore`.
+    func retryRecord(token: String, notBefore: Int64) -> KafkaOutgoingMessage {
+        let headers = RetryHeaders(attempt: 1, notBefore: UnixMillis(notBefore), lastReason: "ServiceUnavailable").headers
+            + [RecordHeader("job-id", "later"), RecordHeader("retry-tokens", token)]
+        return KafkaOutgoingMessage(
+            topic: topics.retry, key: Array("later".utf8), value: Array(#"{"id":"later","token":"\#(token)","payload":{}}"#.utf8), headers: headers
         )
     }
 
