@@ -71,7 +71,7 @@ public enum ConfigurationKeys {
         .init("app.<name>.legacy-feedback", "host:port", "(none)", "Legacy feedback service, polled by the feedback worker (Apple closed its own in March 2021)."),
         .init("app.<name>.legacy-tls", "bool", "true", "Whether the legacy endpoints use TLS (false only for local tests)."),
         .init("app.<name>.legacy-format", "enhanced | simple", "enhanced", "Binary interface format: enhanced (command 1, identifiers and expiry) or simple (command 0)."),
-        .init("app.<name>.legacy-quiet-period-ms", "10-60000", "1000", "Silence from the gateway after which a binary notification counts as delivered."),
+        .init("app.<name>.legacy-quiet-period-ms", "10-60000", "1000", "Silence from the gateway after which a binary notification counts as delivered; at least 1 s below worker.request-timeout-seconds."),
         // Worker
         .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field."),
         .init("worker.max-in-flight", "integer", "0 (from streams)", "Notifications in flight per worker; 0 sizes it from the pool's streams."),

@@ -50,6 +50,15 @@ struct FleetConfigurationDecoder {
             baseDelayMilliseconds: try int("retry.base-delay-ms", default: 100, range: 1...3_600_000),
             maxDelayMilliseconds: try int("retry.max-delay-ms", default: 60_000, range: 1...86_400_000)
         )
+        // A binary notification counts as delivered only after its quiet period; a request
+        // timeout that comes first would call every one unanswered and send it again.
+        let timeoutMilliseconds = Int(configuration.worker.requestTimeoutSeconds * 1000)
+        for app in configuration.apps where app.transport == .binary && app.legacyQuietPeriodMilliseconds + 1000 > timeoutMilliseconds {
+            throw ConfigurationError(
+                key: "app.\(app.name).legacy-quiet-period-ms",
+                "is \(app.legacyQuietPeriodMilliseconds) ms; it must be at least 1 s below worker.request-timeout-seconds (\(timeoutMilliseconds) ms), or every binary notification times out before it counts as delivered and is sent again"
+            )
+        }
         if configuration.retry.inProcessAttempts > configuration.retry.maxAttempts {
             throw ConfigurationError(key: "retry.in-process-attempts", "is larger than retry.max-attempts (\(configuration.retry.maxAttempts))")
         }

@@ -273,7 +273,8 @@ public final class LegacyGatewayClient: Service, Sendable {
             return true
         }
         guard start else { return }
-        await withGracefulShutdownHandler {
+        // Cancellation too (the stop's time is up): a checked continuation does not see it.
+        await withTaskCancellationOrGracefulShutdownHandler {
             await withTaskGroup(of: Void.self) { group in
                 for slot in 0..<configuration.connections {
                     group.addTask { await self.runSlot(slot) }
@@ -283,7 +284,7 @@ public final class LegacyGatewayClient: Service, Sendable {
                 await self.drainAndClose()
                 group.cancelAll()
             }
-        } onGracefulShutdown: {
+        } onCancelOrGracefulShutdown: {
             self.shutdown()
         }
         // Anything still waiting (a connection that never came back) gets its answer now.
@@ -363,10 +364,17 @@ public final class LegacyGatewayClient: Service, Sendable {
             guard keepsConnecting else { return }
             let delay: Duration
             switch outcome {
-            case .errorResponse:
-                // The gateway closes after every error-response: that is the protocol, not trouble.
-                backoff.reset()
-                delay = .zero
+            case .errorResponse(let lived):
+                // The gateway closes after every error-response: that is the protocol, not
+                // trouble, so reconnect at once; but not for error after error within a second
+                // each (a run of bad tokens, a gateway failing everything): Apple treats rapid
+                // connect-and-close as an attack.
+                if lived >= .seconds(1) {
+                    backoff.reset()
+                    delay = .zero
+                } else {
+                    delay = backoff.nextDelay(jitter: Double.random(in: 0...1))
+                }
             case .closed(let lived):
                 if lived >= .seconds(1) { backoff.reset() }
                 delay = backoff.nextDelay(jitter: Double.random(in: 0...1))
@@ -391,7 +399,7 @@ public final class LegacyGatewayClient: Service, Sendable {
     private enum SlotOutcome {
         case failed(LegacyClientError)
         case closed(lived: Duration)
-        case errorResponse
+        case errorResponse(lived: Duration)
     }
 
     private func connectAndServe(_ id: UInt64) async -> SlotOutcome {
@@ -443,7 +451,8 @@ public final class LegacyGatewayClient: Service, Sendable {
         // The handler reports the close too; whichever comes first settles the window.
         connectionClosed(id)
         let sawError = state.withLock { $0.answeredWithError.remove(id) != nil }
-        return sawError ? .errorResponse : .closed(lived: ContinuousClock.now - connectedAt)
+        let lived = ContinuousClock.now - connectedAt
+        return sawError ? .errorResponse(lived: lived) : .closed(lived: lived)
     }
 }
 

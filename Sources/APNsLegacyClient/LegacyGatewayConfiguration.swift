@@ -69,6 +69,8 @@ public struct LegacyGatewayConfiguration: Sendable {
         configuration.connections = app.connections
         configuration.format = app.legacyFormat
         configuration.quietPeriod = .milliseconds(app.legacyQuietPeriodMilliseconds)
+        // A drain shorter than the quiet period would re-send every written notification.
+        configuration.drainTimeout = max(configuration.drainTimeout, configuration.quietPeriod + .seconds(1))
         return configuration
     }
 

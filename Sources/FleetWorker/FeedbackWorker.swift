@@ -21,7 +21,8 @@ public final class FeedbackWorker: Service, Sendable {
         public var topics: TopicNames
         /// Time between polls of each legacy feedback service.
         public var pollInterval: Duration
-        /// How long one poll may take (connect, read to the end).
+        /// How long one poll may take (connect, read to the end). A stop waits for a poll in
+        /// progress, so keep it within the drain timeout (the feedback command does).
         public var pollTimeout: Duration
         public var ledgerCapacity: Int
 
@@ -80,14 +81,17 @@ public final class FeedbackWorker: Service, Sendable {
     public var feedbackServiceHealth: [String: Bool] { lastPolls.withLock { $0 } }
 
     public func run() async throws {
-        // The poll loop runs beside the results; it stops between polls, never in the middle of
-        // one, because the feedback service forgets the tuples it has handed out.
-        let polling = Task { await self.pollLoop() }
-        for try await batch in consumer.batches {
-            await handle(batch)
+        // The poll loop runs beside the results; a stop waits for a poll in progress (bounded by
+        // `pollTimeout`), never cutting one short, because the feedback service forgets the
+        // tuples it has handed out. A child task, so that cancellation (the stop's time is up)
+        // reaches its sleeps and its publishing too.
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.pollLoop() }
+            for await batch in consumer.batches {
+                await handle(batch)
+            }
+            stopping.store(true, ordering: .relaxed)
         }
-        stopping.store(true, ordering: .relaxed)
-        await polling.value
         // Stay up until asked to stop, so the service group shuts down in its order.
         try? await gracefulShutdown()
     }
@@ -159,13 +163,14 @@ public final class FeedbackWorker: Service, Sendable {
 
     private func pollLoop() async {
         guard !services.isEmpty else { return }
-        while !stopping.load(ordering: .relaxed) {
-            for service in services where !stopping.load(ordering: .relaxed) {
+        func stopped() -> Bool { stopping.load(ordering: .relaxed) || Task.isCancelled }
+        while !stopped() {
+            for service in services where !stopped() {
                 await poll(service)
             }
             // Sleep in short steps so that a drain never waits a whole interval.
             let wake = ContinuousClock.now + configuration.pollInterval
-            while !stopping.load(ordering: .relaxed), ContinuousClock.now < wake {
+            while !stopped(), ContinuousClock.now < wake {
                 try? await Task.sleep(for: .milliseconds(250))
             }
         }

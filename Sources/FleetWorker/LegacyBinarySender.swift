@@ -1,6 +1,7 @@
 import APNsClient
 import APNsCore
 import APNsLegacyClient
+import Foundation
 import Logging
 import NIOCore
 import NIOPosix
@@ -46,8 +47,7 @@ public final class LegacyBinarySender: NotificationSender, Service {
         }
         let started = ContinuousClock.now
         let request = notification.request
-        // apns-expiration is unix seconds (0: do not store); the PDU's expiry is 32 bits.
-        let expiry = UInt32(clamping: max(request.expiration ?? 0, 0))
+        let expiry = Self.expiry(request.expiration, now: Int64(Date().timeIntervalSince1970))
         let verdict = await client.send(
             token: notification.token.bytes,
             payload: request.payload.bytes,
@@ -58,6 +58,17 @@ public final class LegacyBinarySender: NotificationSender, Service {
         let elapsed = ContinuousClock.now - started
         let latencyMs = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
         return SendResult(attempt: verdict.attemptResult, latencyMs: latencyMs)
+    }
+
+    /// How long a binary notification without an expiration is stored: HTTP/2 leaves the header
+    /// out and APNs stores it, but the binary PDU's expiry is always there, and 0 would mean "do
+    /// not store" (a device offline for a moment would never get it).
+    static let defaultStorageSeconds: Int64 = 30 * 86_400
+
+    /// The PDU's expiry (unix seconds, 32 bits): the job's expiration (0 stays "do not store"),
+    /// or `defaultStorageSeconds` from now.
+    static func expiry(_ expiration: Int64?, now: Int64) -> UInt32 {
+        UInt32(clamping: max(expiration ?? (now + defaultStorageSeconds), 0))
     }
 
     /// The frame format knows priorities 10 and 5 only; "low" (1) is sent as 5.

@@ -34,6 +34,17 @@ struct InvalidationLedgerTests {
         #expect(ledger.count == 2)
     }
 
+    @Test("a redelivered older result of another reason is no news: the compacted topic keeps the newest event")
+    func olderOtherReasonIsARepeat() {
+        var ledger = InvalidationLedger(capacity: 100)
+        let unregistered = ledger.admit(Self.event("Unregistered", at: 1000))
+        let bad = ledger.admit(Self.event("BadDeviceToken", at: 2000))
+        let redeliveredUnregistered = ledger.admit(Self.event("Unregistered", at: 1000))
+        let redeliveredBad = ledger.admit(Self.event("BadDeviceToken", at: 2000))
+        #expect(unregistered && bad)
+        #expect(!redeliveredUnregistered && !redeliveredBad)
+    }
+
     @Test("a bad token stays bad: a later BadDeviceToken for the same key is a repeat")
     func badTokenRepeats() {
         var ledger = InvalidationLedger(capacity: 100)

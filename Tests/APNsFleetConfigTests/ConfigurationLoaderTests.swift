@@ -134,6 +134,10 @@ struct ConfigurationLoaderTests {
             (["APNS_FLEET_APPS": "a,a"], "configuration key 'apps': app a is listed twice"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_PROTOCOL": "binary"],
              "configuration key 'app.a.legacy-gateway': is required for protocol binary (Apple's own binary gateway closed on 31 March 2021; use protocol http2 for Apple)"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem",
+              "APNS_FLEET_APP_A_PROTOCOL": "binary", "APNS_FLEET_APP_A_LEGACY_GATEWAY": "127.0.0.1:2295", "APNS_FLEET_APP_A_LEGACY_QUIET_PERIOD_MS": "5000",
+              "APNS_FLEET_WORKER_REQUEST_TIMEOUT_SECONDS": "5"],
+             "configuration key 'app.a.legacy-quiet-period-ms': is 5000 ms; it must be at least 1 s below worker.request-timeout-seconds (5000 ms), or every binary notification times out before it counts as delivered and is sent again"),
             (["APNS_FLEET_DEFAULT_APP": "ghost"], "configuration key 'default-app': names app ghost, which is not in apps"),
             (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "9"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (8)"),
         ]

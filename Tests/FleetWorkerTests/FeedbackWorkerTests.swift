@@ -2,6 +2,7 @@ import APNsClient
 import APNsCore
 import APNsLegacyClient
 import APNsSimulator
+import FleetTestSupport
 import FleetWorker
 import Foundation
 import KafkaTransport
@@ -122,6 +123,43 @@ struct FeedbackWorkerTests {
         ].sorted())
         #expect(events.items.first { $0.jobID == "j2" }?.app == "example")
         #expect(worker.feedbackServiceHealth == ["legacy": true])
+    }
+
+    @Test("cancellation reaches a poll in progress: the worker stops instead of waiting out the poll")
+    func cancellationReachesAPoll() async throws {
+        var logger = Logger(label: "feedback-test")
+        logger.logLevel = .error
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        let topics = TopicNames()
+        try cluster.createTopic(topics.results, partitions: 1)
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+        let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(client: client, groupID: "feedback", topics: [topics.results]), logger: logger)
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        let polling = Shared(false)
+        // A feedback service that keeps the connection open for a minute (as a stuck one would).
+        let stuck = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _ in
+            polling.update { $0 = true }
+            try await Task.sleep(for: .seconds(60))
+            return []
+        }
+        let worker = FeedbackWorker(
+            configuration: .init(topics: topics, pollInterval: .seconds(3600), pollTimeout: .seconds(60), ledgerCapacity: 100),
+            consumer: consumer, producer: producer, feedbackServices: [stuck], logger: logger
+        )
+        let stopped = try await withThrowingTaskGroup(of: Void.self, returning: Duration.self) { group in
+            group.addTask { try await consumer.run() }
+            group.addTask { try await worker.run() }
+            try await waitUntil("the poll to start", timeout: 30) { polling.value }
+            let cancelledAt = ContinuousClock.now
+            group.cancelAll()
+            try? await group.waitForAll()
+            return cancelledAt.duration(to: .now)
+        }
+        // Before, the poll ran in a task of its own that cancellation never reached: the stop
+        // waited out the whole minute, past the process's stop budget.
+        #expect(stopped < .seconds(20), "stopping took \(stopped)")
+        await producer.shutdown(flushTimeout: .seconds(1))
     }
 
     @Test("end to end: jobs to unregistered tokens → 410 results → one token event per dead token")

@@ -43,6 +43,9 @@ struct FeedbackCommand: AsyncParsableCommand {
             configuration: .init(
                 topics: fleet.topics,
                 pollInterval: .milliseconds(Int64(fleet.feedback.pollIntervalSeconds * 1000)),
+                // A stop waits for a poll in progress; within the drain timeout it is finished and
+                // published before the process is cancelled (tuples are gone once read).
+                pollTimeout: max(.seconds(5), min(.seconds(60), .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000)))),
                 ledgerCapacity: fleet.feedback.ledgerCapacity
             ),
             consumer: consumer, producer: producer, feedbackServices: services, logger: logger
