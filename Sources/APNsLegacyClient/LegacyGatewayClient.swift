@@ -46,8 +46,9 @@ public final class LegacyGatewayClient: Service, Sendable {
         var machine: Machine
         var phase = Phase.idle
         var channels: [UInt64: any Channel] = [:]
-        /// Connections that received an error-response (their close is expected; no backoff).
-        var answeredWithError: Set<UInt64> = []
+        /// Connections that received an error-response (their close is expected), and whether it
+        /// told of trouble with the gateway rather than with one notification (see `runSlot`).
+        var answeredWithError: [UInt64: Bool] = [:]
         var shutdownRequested = false
         var shutdownWaiters: [CheckedContinuation<Void, Never>] = []
         var nextConnectionID: UInt64 = 0
@@ -231,8 +232,11 @@ public final class LegacyGatewayClient: Service, Sendable {
 
     fileprivate func errorResponse(_ id: UInt64, _ response: LegacyErrorResponse) {
         let actions = state.withLock { state in
-            state.answeredWithError.insert(id)
-            return state.machine.errorResponse(id, response, now: .now)
+            let actions = state.machine.errorResponse(id, response, now: .now)
+            // Unattributed, a processing error or "none": nothing says the next connection fares better.
+            let code = response.status.code
+            state.answeredWithError[id] = actions.unattributed != nil || code == 1 || code == 255
+            return actions
         }
         metrics.event("error_response")
         logger.debug("legacy gateway error-response", metadata: [
@@ -321,8 +325,9 @@ public final class LegacyGatewayClient: Service, Sendable {
     private func drainAndClose() async {
         execute(state.withLock { $0.machine.shutdown() })
         let end = ContinuousClock.now + configuration.drainTimeout
-        while ContinuousClock.now < end, !state.withLock({ $0.machine.isIdle }) {
-            try? await Task.sleep(for: tickInterval)
+        // Cancelled (the stop's time is up): close at once; the sleep would not wait anyway.
+        while !Task.isCancelled, ContinuousClock.now < end, !state.withLock({ $0.machine.isIdle }) {
+            do { try await Task.sleep(for: tickInterval) } catch { break }
         }
         let channels = state.withLock { state in
             state.phase = .stopped
@@ -364,16 +369,16 @@ public final class LegacyGatewayClient: Service, Sendable {
             guard keepsConnecting else { return }
             let delay: Duration
             switch outcome {
-            case .errorResponse(let lived):
-                // The gateway closes after every error-response: that is the protocol, not
-                // trouble, so reconnect at once; but not for error after error within a second
-                // each (a run of bad tokens, a gateway failing everything): Apple treats rapid
+            case .errorResponse(let trouble, let lived):
+                // The gateway closes after every error-response: for a bad notification (a bad
+                // token, say) that is the protocol, so reconnect at once. Errors that blame the
+                // gateway, one quickly after another, back off: Apple treats rapid
                 // connect-and-close as an attack.
-                if lived >= .seconds(1) {
+                if trouble, lived < .seconds(1) {
+                    delay = backoff.nextDelay(jitter: Double.random(in: 0...1))
+                } else {
                     backoff.reset()
                     delay = .zero
-                } else {
-                    delay = backoff.nextDelay(jitter: Double.random(in: 0...1))
                 }
             case .closed(let lived):
                 if lived >= .seconds(1) { backoff.reset() }
@@ -399,7 +404,7 @@ public final class LegacyGatewayClient: Service, Sendable {
     private enum SlotOutcome {
         case failed(LegacyClientError)
         case closed(lived: Duration)
-        case errorResponse(lived: Duration)
+        case errorResponse(trouble: Bool, lived: Duration)
     }
 
     private func connectAndServe(_ id: UInt64) async -> SlotOutcome {
@@ -450,9 +455,9 @@ public final class LegacyGatewayClient: Service, Sendable {
         try? await channel.closeFuture.get()
         // The handler reports the close too; whichever comes first settles the window.
         connectionClosed(id)
-        let sawError = state.withLock { $0.answeredWithError.remove(id) != nil }
+        let trouble = state.withLock { $0.answeredWithError.removeValue(forKey: id) }
         let lived = ContinuousClock.now - connectedAt
-        return sawError ? .errorResponse(lived: lived) : .closed(lived: lived)
+        return trouble.map { .errorResponse(trouble: $0, lived: lived) } ?? .closed(lived: lived)
     }
 }
 

@@ -17,7 +17,6 @@
 /// its event taken for a repeat, has a chance of about 1 in 10^13.
 public struct InvalidationLedger: Sendable {
     private struct Entry: Sendable {
-        /// APNs's reason names are short enough to be stored inline, without a heap allocation.
         var reason: String
         var invalidatedAt: Int64
     }
