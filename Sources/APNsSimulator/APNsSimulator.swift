@@ -310,7 +310,8 @@ extension TLSConnectionStarter {
                 "client certificate topics",
                 metadata: ["simulator.remote": "\(remote)", "simulator.topics": "\(found.topics.joined(separator: ","))", "simulator.source": "\(found.source.rawValue)"]
             )
-            return .success(TopicGrant(topics: found.topics, topicRequired: found.topics.count != 1))
+            // The extension lists whole topics (`com.example.app.voip`); a subject UID, the bundle id.
+            return .success(TopicGrant(topics: found.topics, topicRequired: found.topics.count != 1, exact: found.source == .topicsExtension))
         } catch {
             logger.warning(
                 "client certificate rejected: its requests get 403 BadCertificate",

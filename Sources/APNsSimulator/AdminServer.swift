@@ -91,7 +91,7 @@ final class AdminHandler: ChannelInboundHandler {
             return (.ok, "text/plain", counters.snapshot().summary + "\n")
         case (.POST, "/goaway"):
             let reason = components?.queryItems?.first(where: { $0.name == "reason" })?.value ?? "Shutdown"
-            guard !reason.isEmpty, reason.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }) else {
+            guard APNsSimulatorConfiguration.Behaviour.isWellFormedGoAwayReason(reason) else {
                 return (.badRequest, "text/plain", "reason must be printable ASCII without quotes\n")
             }
             actions.goAway(reason)

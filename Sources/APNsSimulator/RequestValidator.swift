@@ -59,14 +59,20 @@ public struct APNsRejection: Error, Sendable, Hashable, CustomStringConvertible 
 
 /// Which topics an authenticated connection may push to.
 public struct TopicGrant: Sendable, Hashable {
-    /// Base topics (bundle ids) allowed; empty means any well-formed topic.
+    /// Topics allowed; empty means any well-formed topic. Bundle ids (a push type's suffix such
+    /// as `.voip` is added to them), or, with `exact`, whole topics.
     public var topics: [String]
     /// Whether `apns-topic` must be present (token auth, or a certificate with several topics).
     public var topicRequired: Bool
+    /// The topics are whole topics, suffixes included, as a certificate's topics extension
+    /// lists them (`com.example.app`, `com.example.app.voip`): a VoIP-only certificate grants
+    /// `com.example.app.voip` and not `com.example.app`.
+    public var exact: Bool
 
-    public init(topics: [String], topicRequired: Bool) {
+    public init(topics: [String], topicRequired: Bool, exact: Bool = false) {
         self.topics = topics
         self.topicRequired = topicRequired
+        self.exact = exact
     }
 
     /// The topic used when the request names none: the single topic of a certificate.
@@ -160,23 +166,29 @@ public struct RequestValidator: Sendable {
         if let collapseID = head.collapseID, collapseID.utf8.count > JobRules.maximumCollapseIDBytes {
             return .failure(APNsRejection(.badCollapseId))
         }
-        var pushType = PushType.alert
+        var statedPushType: PushType?
         if let text = head.pushType {
             guard let parsed = PushType(rawValue: text) else { return .failure(APNsRejection(Self.invalidPushType, status: 400)) }
-            pushType = parsed
+            statedPushType = parsed
         }
-        // Background notifications must not ask for immediate delivery.
-        if pushType == .background && priority == .immediate { return .failure(APNsRejection(.badPriority)) }
 
         let topic: String
         if let given = head.topic {
             guard Self.isWellFormedTopic(given) else { return .failure(APNsRejection(.badTopic)) }
             topic = given
         } else if !grant.topicRequired, let fallback = grant.defaultTopic {
-            topic = fallback + (pushType.requiredTopicSuffix ?? "")
+            // A certificate's own topic already carries its suffix; a bundle id gets the push type's.
+            let suffix = statedPushType?.requiredTopicSuffix ?? ""
+            topic = grant.exact || fallback.hasSuffix(suffix) ? fallback : fallback + suffix
         } else {
             return .failure(APNsRejection(.missingTopic))
         }
+        // Without apns-push-type, the topic says it, as in the provider API before the header:
+        // `.voip` is a VoIP push (5120 bytes), and so on; anything else an alert.
+        let pushType = statedPushType ?? PushType.implied(byTopic: topic)
+        // Background notifications must not ask for immediate delivery.
+        if pushType == .background && priority == .immediate { return .failure(APNsRejection(.badPriority)) }
+
         let base: Substring
         if let suffix = pushType.requiredTopicSuffix {
             guard topic.hasSuffix(suffix), topic.utf8.count > suffix.utf8.count else { return .failure(APNsRejection(.badTopic)) }
@@ -184,7 +196,8 @@ public struct RequestValidator: Sendable {
         } else {
             base = topic[...]
         }
-        if !grant.topics.isEmpty, !grant.topics.contains(where: { $0 == base }) {
+        let granted = grant.exact ? grant.topics.contains(topic) : grant.topics.contains(where: { $0 == base })
+        if !grant.topics.isEmpty, !granted {
             return .failure(APNsRejection(.topicDisallowed))
         }
 
@@ -245,6 +258,17 @@ public struct RequestValidator: Sendable {
 }
 
 extension PushType {
+    /// The push type a topic implies when the request states none: the one whose suffix the
+    /// topic carries (the longest, so `.voip-ptt` is push-to-talk, not VoIP), else alert.
+    static func implied(byTopic topic: String) -> PushType {
+        var best: (type: PushType, length: Int)?
+        for type in PushType.allCases {
+            guard let suffix = type.requiredTopicSuffix, topic.hasSuffix(suffix), topic.utf8.count > suffix.utf8.count else { continue }
+            if suffix.utf8.count > best?.length ?? 0 { best = (type, suffix.utf8.count) }
+        }
+        return best?.type ?? .alert
+    }
+
     /// The suffix the topic of this push type must carry (`.voip` for VoIP), if any.
     public var requiredTopicSuffix: String? {
         switch self {

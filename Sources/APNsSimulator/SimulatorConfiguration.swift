@@ -83,6 +83,11 @@ public struct APNsSimulatorConfiguration: Sendable {
         public var goAwayAfterStreams: Int?
         /// The `reason` in that GOAWAY's JSON. Default: "Shutdown".
         public var goAwayReason = "Shutdown"
+
+        /// A reason that can go into GOAWAY's JSON as it is: printable ASCII, no space, quote or backslash.
+        public static func isWellFormedGoAwayReason(_ reason: String) -> Bool {
+            !reason.isEmpty && reason.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }
+        }
         /// SETTINGS_MAX_CONCURRENT_STREAMS. Default: 1000 (what APNs usually sends).
         public var maxConcurrentStreams: UInt32 = 1000
         /// After a rejected notification, drop MAX_CONCURRENT_STREAMS to 1 until one is accepted. Default: false.
@@ -217,9 +222,10 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
             return text
         }
         if let host { configuration.listeners.host = host }
-        if let http2TLSPort { configuration.listeners.http2TLSPort = http2TLSPort }
-        if let http2CleartextPort { configuration.listeners.http2CleartextPort = http2CleartextPort }
-        if let adminPort { configuration.listeners.adminPort = adminPort }
+        // A negative port turns the listener off (as -1 does on the command line).
+        if let http2TLSPort { configuration.listeners.http2TLSPort = http2TLSPort < 0 ? nil : http2TLSPort }
+        if let http2CleartextPort { configuration.listeners.http2CleartextPort = http2CleartextPort < 0 ? nil : http2CleartextPort }
+        if let adminPort { configuration.listeners.adminPort = adminPort < 0 ? nil : adminPort }
         if certificateFile != nil || privateKeyFile != nil {
             guard let certificateFile, let privateKeyFile else {
                 throw SimulatorConfigurationError("certificate_file and private_key_file go together")
@@ -289,6 +295,9 @@ extension APNsSimulatorConfiguration {
         guard behaviour.maxConcurrentStreams >= 1 else { throw SimulatorConfigurationError("max_concurrent_streams must be at least 1") }
         if let limit = behaviour.perDeviceLimit, limit < 1 { throw SimulatorConfigurationError("per_device_limit must be at least 1") }
         if let count = behaviour.goAwayAfterStreams, count < 1 { throw SimulatorConfigurationError("goaway_after_streams must be at least 1") }
+        guard Behaviour.isWellFormedGoAwayReason(behaviour.goAwayReason) else {
+            throw SimulatorConfigurationError("goaway_reason must be printable ASCII without spaces, quotes or backslashes (it goes into GOAWAY's JSON)")
+        }
         if listeners.http2TLSPort != nil, tls == nil {
             throw SimulatorConfigurationError("the TLS port needs a server certificate and key")
         }

@@ -5,17 +5,18 @@ import APNsCore
 ///
 /// - Each distinct token is verified once per connection; later requests compare strings.
 /// - `iat` must be within `maximumAge` of now on every request (403 ExpiredProviderToken).
-/// - Switching to a different token sooner than `minimumChangeInterval` after the last switch
-///   gets 429 TooManyProviderTokenUpdates and leaves the current token in place.
+/// - Switching to a token issued (`iat`) less than `minimumChangeInterval` after the current
+///   one gets 429 TooManyProviderTokenUpdates and leaves the current token in place. Timed by
+///   `iat`, not by when this connection took the current token: a connection opened with a
+///   55-minute-old token must be able to switch to a fresh one five minutes later.
 public struct TokenAuthenticator: Sendable {
     public let verifier: ProviderTokenVerifier
-    /// Seconds that must pass between token changes on one connection. Default: 1200 (20 minutes).
+    /// Seconds between the `iat` of the current token and of its replacement. Default: 1200 (20 minutes).
     public let minimumChangeInterval: Int64
 
     private var current: (token: String, claims: VerifiedProviderToken)?
     /// The whole `authorization` header of the current token.
     private var currentHeader = ""
-    private var lastChange: Int64 = 0
     /// Tokens already checked on this connection (valid or not), so none is verified twice.
     private var seen: [String: Result<VerifiedProviderToken, ProviderTokenError>] = [:]
     private static let seenLimit = 16
@@ -66,12 +67,11 @@ public struct TokenAuthenticator: Sendable {
             return .failure(APNsRejection(error.code == .expired ? .expiredProviderToken : .invalidProviderToken))
         case .success(let claims):
             if case .failure(let rejection) = checkAge(claims, now: now) { return .failure(rejection) }
-            if current != nil, now - lastChange < minimumChangeInterval {
+            if let current, claims.issuedAt - current.claims.issuedAt < minimumChangeInterval {
                 return .failure(APNsRejection(.tooManyProviderTokenUpdates))
             }
             current = (String(token), claims)
             currentHeader = authorization
-            lastChange = now
             return .success(claims)
         }
     }

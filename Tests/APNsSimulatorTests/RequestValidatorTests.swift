@@ -103,6 +103,27 @@ struct RequestValidatorTests {
         #expect(reason(voip, payload: 5121) == APNsRejection(.payloadTooLarge))
     }
 
+    @Test("without apns-push-type the topic's suffix says the push type, as before the header existed")
+    func pushTypeFromTopic() throws {
+        let voip = head(topic: "com.example.app.voip")
+        #expect(reason(voip, payload: 5120) == nil, "a .voip topic is a VoIP push, with its 5120 bytes")
+        #expect(try validator.checkNotification(voip, payloadCount: 20, grant: tokenGrant).get().pushType == .voip)
+        #expect(try validator.checkNotification(head(topic: "com.example.app.voip-ptt"), payloadCount: 20, grant: tokenGrant).get().pushType == .pushtotalk)
+        #expect(reason(head(), payload: 4097) == APNsRejection(.payloadTooLarge), "a plain topic is an alert")
+    }
+
+    @Test("a certificate's topics extension grants whole topics: a VoIP-only certificate sends VoIP, not alerts")
+    func certificateTopicsAreExact() throws {
+        let voipOnly = TopicGrant(topics: ["com.example.app.voip"], topicRequired: false, exact: true)
+        #expect(reason(head(topic: "com.example.app.voip") { $0.pushType = "voip" }, grant: voipOnly) == nil)
+        #expect(reason(head(topic: "com.example.app"), grant: voipOnly) == APNsRejection(.topicDisallowed))
+        // Its one topic is the default, as it is: not com.example.app.voip.voip.
+        let implied = try validator.checkNotification(head(topic: nil) { $0.pushType = "voip" }, payloadCount: 20, grant: voipOnly).get()
+        #expect(implied.topic == "com.example.app.voip" && implied.pushType == .voip)
+        let appOnly = TopicGrant(topics: ["com.example.app"], topicRequired: false, exact: true)
+        #expect(reason(head(topic: "com.example.app.voip") { $0.pushType = "voip" }, grant: appOnly) == APNsRejection(.topicDisallowed))
+    }
+
     @Test("rejections carry Table 8-6 statuses")
     func statuses() {
         #expect(APNsRejection(.unregistered, timestamp: 1).status == 410)

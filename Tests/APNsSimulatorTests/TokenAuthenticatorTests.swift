@@ -55,17 +55,29 @@ struct TokenAuthenticatorTests {
         #expect(auth.authenticate(authorization: "bearer \(current)", now: now + 3601) == .failure(APNsRejection(.expiredProviderToken)))
     }
 
-    @Test("changing the token within 20 minutes is TooManyProviderTokenUpdates; after 20 minutes it is fine")
+    @Test("a token issued within 20 minutes of the current one is TooManyProviderTokenUpdates; one issued 20 minutes later is fine")
     func tokenChanges() throws {
         var auth = authenticator()
         let first = try signer.token(issuedAt: now)
         let second = try signer.token(issuedAt: now + 60)
+        let third = try signer.token(issuedAt: now + 1200)
         #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(first)", now: now).get() }
         #expect(auth.authenticate(authorization: "bearer \(second)", now: now + 60) == .failure(APNsRejection(.tooManyProviderTokenUpdates)))
-        // The first token stays in use.
+        // The first token stays in use, and the second stays too young to replace it.
         #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(first)", now: now + 61).get() }
-        #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(second)", now: now + 1200).get() }
-        #expect(auth.verifications == 2)
+        #expect(auth.authenticate(authorization: "bearer \(second)", now: now + 1300) == .failure(APNsRejection(.tooManyProviderTokenUpdates)))
+        #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(third)", now: now + 1300).get() }
+        #expect(auth.verifications == 3)
+    }
+
+    @Test("a connection opened with an old token may switch to a fresh one at once (timed by iat, not by the connection)")
+    func oldTokenThenFresh() throws {
+        var auth = authenticator()
+        let old = try signer.token(issuedAt: now - 55 * 60)
+        let fresh = try signer.token(issuedAt: now + 5 * 60)
+        #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(old)", now: now).get() }
+        #expect(auth.authenticate(authorization: "bearer \(old)", now: now + 5 * 60 + 1) == .failure(APNsRejection(.expiredProviderToken)))
+        #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(fresh)", now: now + 5 * 60 + 1).get() }
     }
 
     @Test("a string iat is refused")

@@ -229,8 +229,9 @@ struct SimulatorCommand: AsyncParsableCommand {
             let parts = spec.split(separator: "@", maxSplits: 1).map(String.init)
             var timestamp = now * 1000
             if parts.count == 2 {
-                guard let value = Int64(parts[1]) else { throw SimulatorConfigurationError("--unregistered \(spec): the timestamp must be milliseconds") }
-                timestamp = value
+                guard let value = Int64(parts[1]), value >= 0 else { throw SimulatorConfigurationError("--unregistered \(spec): the timestamp must be milliseconds") }
+                // 0 means the start time, as in the configuration file.
+                if value > 0 { timestamp = value }
             }
             configuration.behaviour.unregisteredTokens[parts[0].lowercased()] = timestamp
         }

@@ -1,0 +1,35 @@
+import Foundation
+import Testing
+
+@testable import APNsSimulator
+
+@Suite("Simulator configuration file")
+struct SimulatorConfigurationTests {
+    func apply(_ json: String) throws -> APNsSimulatorConfiguration {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("simulator-config-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("simulator.json").path
+        try Data(json.utf8).write(to: URL(fileURLWithPath: path))
+        var configuration = APNsSimulatorConfiguration()
+        configuration.listeners.http2CleartextPort = 2198
+        configuration.listeners.adminPort = 9197
+        let (file, base) = try APNsSimulatorConfigFile.load(path: path)
+        try file.apply(to: &configuration, relativeTo: base, now: 1_767_225_600)
+        return configuration
+    }
+
+    @Test("-1 turns a listener off, as the docs say (it was kept, and the simulator tried to bind port -1)")
+    func negativePortsTurnListenersOff() throws {
+        let configuration = try apply(#"{"h2c_port": -1, "admin_port": -1}"#)
+        #expect(configuration.listeners.http2CleartextPort == nil)
+        #expect(configuration.listeners.adminPort == nil)
+        #expect(try apply("{}").listeners.adminPort == 9197)
+    }
+
+    @Test("a GOAWAY reason that would break GOAWAY's JSON is refused at start")
+    func goAwayReason() throws {
+        #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"goaway_reason": "Shut \"down\""}"#) }
+        #expect(try apply(#"{"goaway_reason": "Maintenance"}"#).behaviour.goAwayReason == "Maintenance")
+    }
+}
