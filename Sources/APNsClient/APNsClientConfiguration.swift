@@ -180,7 +180,8 @@ public struct APNsClientConfiguration: Sendable {
         self.authentication = authentication
     }
 
-    /// The configuration of `app` for `environment` (a custom endpoint serves both).
+    /// The configuration of `app` for `environment` (a custom endpoint serves both). A credential
+    /// that cannot be used names the configuration keys that point at it.
     public static func load(app: AppConfiguration, environment: APNsEnvironment? = nil) throws(APNsClientError) -> APNsClientConfiguration {
         var endpoint = app.endpoint
         switch (endpoint, environment) {
@@ -188,7 +189,18 @@ public struct APNsClientConfiguration: Sendable {
         case (.sandbox, .production?): endpoint = .production
         default: break
         }
-        var configuration = APNsClientConfiguration(endpoint: endpoint, authentication: try APNsAuthentication.load(app.authentication))
+        let authentication: APNsAuthentication
+        do {
+            authentication = try APNsAuthentication.load(app.authentication)
+        } catch {
+            let keys = switch app.authentication {
+            case .token: "app.\(app.name).key-file, key-id, team-id"
+            case .certificate(.pem): "app.\(app.name).certificate-file, private-key-file"
+            case .certificate(.pkcs12): "app.\(app.name).pkcs12-file"
+            }
+            throw APNsClientError(error.code, "\(error.message) (configured by \(keys))")
+        }
+        var configuration = APNsClientConfiguration(endpoint: endpoint, authentication: authentication)
         configuration.name = app.name
         configuration.connections = app.connections
         return configuration

@@ -166,7 +166,7 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
     public var randomSeed: UInt64?
     public var dump: Bool?
 
-    enum CodingKeys: String, CodingKey {
+    enum CodingKeys: String, CodingKey, CaseIterable {
         case host
         case http2TLSPort = "h2_port"
         case http2CleartextPort = "h2c_port"
@@ -204,6 +204,13 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
             data = try Data(contentsOf: url)
         } catch {
             throw SimulatorConfigurationError("cannot read config file \(path)")
+        }
+        // A misspelt key would be ignored by the decoder, and its setting silently left at the default.
+        if let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] {
+            let known = Set(CodingKeys.allCases.map(\.rawValue))
+            if let unknown = object.keys.sorted().first(where: { !known.contains($0) }) {
+                throw SimulatorConfigurationError("config file \(path): \(unknown) is not a setting (see docs/simulator.md)")
+            }
         }
         do {
             return (try JSONDecoder().decode(APNsSimulatorConfigFile.self, from: data), url.deletingLastPathComponent())
@@ -265,7 +272,8 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
         if let idleTimeoutSeconds { configuration.behaviour.idleTimeout = .seconds(idleTimeoutSeconds) }
         if let randomSeed { configuration.behaviour.randomSeed = randomSeed }
         if let dump { configuration.dump = dump }
-        try configuration.validate()
+        // Not validated here: the caller may still add what makes it whole (the command line's
+        // certificate, or dropping the TLS ports when there is none); `start` validates.
     }
 
     private static func describe(_ error: DecodingError) -> String {

@@ -1,3 +1,5 @@
+import APNsClient
+import APNsFleetConfig
 import ArgumentParser
 import Foundation
 
@@ -45,6 +47,16 @@ struct APNsFleet: AsyncParsableCommand {
         } catch let error as UsageError {
             FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
             Foundation.exit(2)
+        } catch let error as ConfigurationError {
+            // A configuration that does not load is the caller's to fix, like a bad flag.
+            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+            Foundation.exit(2)
+        } catch let error as APNsClientError where error.code == .credentials || error.code == .configuration {
+            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+            Foundation.exit(2)
+        } catch let error as CommandFailure {
+            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+            Foundation.exit(1)
         } catch {
             let code = exitCode(for: error)
             let message = fullMessage(for: error)
@@ -60,6 +72,16 @@ struct APNsFleet: AsyncParsableCommand {
 
 /// A usage problem found while running (an unreadable input file, say): exit status 2.
 struct UsageError: Error, CustomStringConvertible {
+    var description: String
+
+    init(_ description: String) {
+        self.description = description
+    }
+}
+
+/// A failure of the work itself (Kafka did not take the jobs, say): exit status 1, and no
+/// usage text, which would suggest the command was called wrong.
+struct CommandFailure: Error, CustomStringConvertible {
     var description: String
 
     init(_ description: String) {

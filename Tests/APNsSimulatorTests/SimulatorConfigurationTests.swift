@@ -27,9 +27,23 @@ struct SimulatorConfigurationTests {
         #expect(try apply("{}").listeners.adminPort == 9197)
     }
 
+    @Test("a file without a certificate applies (the command drops the TLS ports later), and validates once they are off")
+    func noCertificate() throws {
+        var configuration = try apply(#"{"admin_port": -1}"#)
+        configuration.listeners.http2TLSPort = 2197
+        #expect(throws: SimulatorConfigurationError.self) { try configuration.validate() }
+        configuration.listeners.http2TLSPort = nil
+        try configuration.validate()
+    }
+
+    @Test("a misspelt setting is refused, not silently left at its default")
+    func unknownSetting() {
+        #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"certificat_file": "server.pem"}"#) }
+    }
+
     @Test("a GOAWAY reason that would break GOAWAY's JSON is refused at start")
     func goAwayReason() throws {
-        #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"goaway_reason": "Shut \"down\""}"#) }
+        #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"goaway_reason": "Shut \"down\""}"#).validate() }
         #expect(try apply(#"{"goaway_reason": "Maintenance"}"#).behaviour.goAwayReason == "Maintenance")
     }
 }

@@ -53,7 +53,7 @@ struct DevCredentialsCommand: ParsableCommand {
             let summary = try DevCredentials.readSummary(from: out)
             let keyPath = (out as NSString).appendingPathComponent(summary.signingKeyFile)
             guard let pem = FileManager.default.contents(atPath: keyPath) else {
-                throw ValidationError("cannot read \(keyPath)")
+                throw UsageError("cannot read \(keyPath)")
             }
             let signer = try ProviderTokenSigner(privateKeyPEM: String(decoding: pem, as: UTF8.self), keyID: summary.keyID, teamID: summary.teamID)
             print(try signer.token(issuedAt: Int64(Date().timeIntervalSince1970)))
@@ -61,7 +61,7 @@ struct DevCredentialsCommand: ParsableCommand {
         }
         let existing = (out as NSString).appendingPathComponent("credentials.json")
         if FileManager.default.fileExists(atPath: existing), !force {
-            throw ValidationError("\(out) already holds credentials; pass --force to replace them")
+            throw UsageError("\(out) already holds credentials; pass --force to replace them")
         }
         let credentials = try DevCredentials.generate(keyID: keyID, teamID: teamID, topic: topic)
         let summary = try credentials.write(to: out)

@@ -129,12 +129,12 @@ struct KafkaDevCommand: AsyncParsableCommand {
     private func writeAtomically(_ text: String, to path: String) throws {
         let temporary = path + ".tmp-\(getpid())"
         guard FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8)) else {
-            throw ValidationError("cannot write the bootstrap file \(temporary)")
+            throw CommandFailure("cannot write the bootstrap file \(temporary)")
         }
         guard rename(temporary, path) == 0 else {
             let reason = String(cString: strerror(errno))
             unlink(temporary)
-            throw ValidationError("cannot move the bootstrap file into place at \(path): \(reason)")
+            throw CommandFailure("cannot move the bootstrap file into place at \(path): \(reason)")
         }
     }
 }

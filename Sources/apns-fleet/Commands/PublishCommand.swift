@@ -166,7 +166,7 @@ struct PublishCommand: AsyncParsableCommand {
             FileHandle.standardError.write(Data("published \(summary.published) jobs to \(topic) in \(String(format: "%.1f", summary.seconds)) s\n".utf8))
         }
         if summary.failed > 0 {
-            throw ValidationError("\(summary.failed) jobs were not accepted by Kafka; the first error: \(summary.firstError ?? "unknown")")
+            throw CommandFailure("\(summary.failed) jobs were not accepted by Kafka; the first error: \(summary.firstError ?? "unknown")")
         }
     }
 

@@ -23,11 +23,11 @@ struct SendCommand: AsyncParsableCommand {
             second, client CPU µs per notification (this process's rusage), p50/p99 latency \
             and peak RSS.
 
-            Example:
+            Example (dev-credentials prints the key id and team id to use):
               apns-fleet dev-credentials --out ./dev
               apns-fleet simulator --config ./dev/simulator.json &
               apns-fleet send --host 127.0.0.1 --port 2197 --ca-file ./dev/ca.pem \\
-                --key-file ./dev/AuthKey_KID.p8 --key-id KID --team-id TEAM \\
+                --key-file ./dev/AuthKey_<KEY_ID>.p8 --key-id <KEY_ID> --team-id <TEAM_ID> \\
                 --topic com.example.app --token <64 hex digits> --payload @aps.json
               apns-fleet send ... --count 100000 --concurrency 1000 --json
             """
@@ -78,13 +78,13 @@ struct SendCommand: AsyncParsableCommand {
     @Option(help: "Password of --key or --pkcs12, read from this environment variable.")
     var passwordEnv: String?
 
-    @Option(help: "production or sandbox (ignored with --host).")
-    var environment: String = "sandbox"
+    @Option(help: "Apple's production or sandbox APNs (default: sandbox, for development builds; the worker's apps default to production). Not with --host.")
+    var environment: String?
 
     @Option(help: "A custom APNs host (a simulator).")
     var host: String?
 
-    @Option(help: "Port of --host.")
+    @Option(help: "Port of --host (the simulator's is 2197).")
     var port: Int = 443
 
     @Option(name: .customLong("ca-file"), help: "CA certificates (PEM) that --host's certificate must chain to.")
@@ -116,6 +116,30 @@ struct SendCommand: AsyncParsableCommand {
         guard PushType(rawValue: pushType) != nil else { throw ValidationError("unknown --push-type \(pushType)") }
         if let priority, NotificationPriority(rawValue: priority) == nil { throw ValidationError("--priority must be 10, 5 or 1") }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+        if host != nil {
+            guard environment == nil else { throw ValidationError("--environment picks Apple's production or sandbox; it does not go with --host") }
+        } else {
+            guard caFile == nil else { throw ValidationError("--ca-file goes with --host: production and sandbox verify against the system roots") }
+            guard environment == nil || environment == "production" || environment == "sandbox" else {
+                throw ValidationError("--environment must be production or sandbox")
+            }
+        }
+        switch (keyFile, cert, pkcs12) {
+        case (_?, nil, nil):
+            guard let keyID, let teamID else { throw ValidationError("--key-file needs --key-id and --team-id") }
+            for (flag, value) in [("--key-id", keyID), ("--team-id", teamID)] where value.count != 10 || !value.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) }) {
+                throw ValidationError("\(flag) must be 10 letters or digits, got \(value.count) characters")
+            }
+        case (nil, _?, nil):
+            guard key != nil else { throw ValidationError("--cert needs --key") }
+        case (nil, nil, _?):
+            break
+        default:
+            throw ValidationError("give exactly one of --key-file (token auth), --cert (PEM) or --pkcs12")
+        }
+        if let passwordEnv, ProcessInfo.processInfo.environment[passwordEnv] == nil {
+            throw ValidationError("--password-env \(passwordEnv): that environment variable is not set")
+        }
     }
 
     func run() async throws {
@@ -166,35 +190,34 @@ struct SendCommand: AsyncParsableCommand {
         } else if count > 1 {
             print(summary.text)
         }
-        if let error = summary.configurationError { FileHandle.standardError.write(Data("\(error)\n".utf8)) }
+        if let error = summary.configurationError {
+            var text = "\(error)"
+            if host != nil, caFile == nil, text.contains("CERTIFICATE_VERIFY_FAILED") {
+                text += "\n(a simulator's certificate? pass --ca-file with the CA that signed it, such as ./dev/ca.pem from dev-credentials)"
+            }
+            FileHandle.standardError.write(Data("\(text)\n".utf8))
+        }
         if summary.samples.isEmpty || summary.samples.contains(where: { $0.status != 200 }) { throw ExitCode(1) }
     }
 
     private func makeConfiguration() throws -> APNsClientConfiguration {
         let endpoint: AppConfiguration.Endpoint
+        // The flags' combinations were checked in validate().
         if let host {
             endpoint = .custom(host: host, port: port, caFile: caFile)
         } else {
-            guard caFile == nil else { throw ValidationError("--ca-file goes with --host: production and sandbox verify against the system roots") }
-            switch environment {
-            case "production": endpoint = .production
-            case "sandbox": endpoint = .sandbox
-            default: throw ValidationError("--environment must be production or sandbox")
-            }
+            endpoint = environment == "production" ? .production : .sandbox
         }
         let password = passwordEnv.flatMap { ProcessInfo.processInfo.environment[$0] }
         let authentication: APNsAuthentication
-        switch (keyFile, cert, pkcs12) {
-        case (let keyFile?, nil, nil):
-            guard let keyID, let teamID else { throw ValidationError("--key-file needs --key-id and --team-id") }
+        if let keyFile, let keyID, let teamID {
             authentication = try APNsAuthentication.loadToken(keyFile: keyFile, keyID: keyID, teamID: teamID)
-        case (nil, let cert?, nil):
-            guard let key else { throw ValidationError("--cert needs --key") }
+        } else if let cert, let key {
             authentication = try APNsAuthentication.loadPEM(certificateFile: cert, privateKeyFile: key, password: password)
-        case (nil, nil, let pkcs12?):
+        } else if let pkcs12 {
             authentication = try APNsAuthentication.loadPKCS12(file: pkcs12, password: password)
-        default:
-            throw ValidationError("give exactly one of --key-file (token auth), --cert (PEM) or --pkcs12")
+        } else {
+            throw UsageError("give exactly one of --key-file (token auth), --cert (PEM) or --pkcs12")
         }
         var configuration = APNsClientConfiguration(endpoint: endpoint, authentication: authentication)
         configuration.name = "send"

@@ -132,7 +132,7 @@ struct SimulatorCommand: AsyncParsableCommand {
         do {
             configuration = try makeConfiguration(now: Int64(Date().timeIntervalSince1970))
         } catch let error as SimulatorConfigurationError {
-            throw ValidationError(error.description)
+            throw UsageError(error.description)
         }
         let logger = Logger(label: "apns-fleet.simulator")
         let service = APNsSimulatorService(

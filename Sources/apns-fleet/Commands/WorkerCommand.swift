@@ -36,6 +36,12 @@ struct WorkerCommand: AsyncParsableCommand {
             throw ConfigurationError(key: "apps", "no app is configured; a worker needs at least one credential set")
         }
         let workerID = process.processID
+        // Credentials first: a key file that cannot be read is the error to show, not Kafka
+        // connection chatter before it. HTTP/2 pools for most apps; the legacy binary gateway
+        // for apps with `protocol: binary`.
+        let clients = try APNsClients(apps: fleet.apps, logger: logger)
+        let requestTimeout = Duration.milliseconds(Int64(fleet.worker.requestTimeoutSeconds * 1000))
+        let legacy = try LegacyBinarySender(apps: fleet.apps, requestTimeout: requestTimeout, logger: logger)
         let kafka = KafkaClientConfiguration(settings: fleet.kafka, clientID: workerID)
         var consumerConfiguration = KafkaConsumerConfiguration(client: kafka, groupID: fleet.kafka.groupID, topics: [fleet.topics.jobs, fleet.topics.retry])
         consumerConfiguration.drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
@@ -44,10 +50,6 @@ struct WorkerCommand: AsyncParsableCommand {
         let revocations = RevocationForwarder()
         let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler, onLoss: revocations.lossHandler)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: kafka), logger: logger)
-        // HTTP/2 pools for most apps; the legacy binary gateway for apps with `protocol: binary`.
-        let clients = try APNsClients(apps: fleet.apps, logger: logger)
-        let requestTimeout = Duration.milliseconds(Int64(fleet.worker.requestTimeoutSeconds * 1000))
-        let legacy = try LegacyBinarySender(apps: fleet.apps, requestTimeout: requestTimeout, logger: logger)
         let sender = RoutingSender(apps: fleet.apps, binary: legacy, other: APNsClientSender(clients: clients, requestTimeout: requestTimeout))
         // Sized from the pools' streams: APNs usually allows 1000 per connection, and an app on
         // Apple's endpoints has a pool per environment it serves.

@@ -90,7 +90,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         }
         try await producer.flush(timeout: .seconds(120))
         guard filled.value == messages else {
-            throw ValidationError("only \(filled.value) of \(messages) input messages were delivered")
+            throw CommandFailure("only \(filled.value) of \(messages) input messages were delivered")
         }
 
         var consumerConfiguration = KafkaConsumerConfiguration(
@@ -135,7 +135,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
             consumer.close()
             try await group.waitForAll()
         }
-        guard let (startTime, startCPU) = started else { throw ValidationError("nothing was consumed") }
+        guard let (startTime, startCPU) = started else { throw CommandFailure("nothing was consumed") }
         let wall = ContinuousClock.now - startTime
         let cpu = ProcessUsage.now().cpuSeconds - startCPU
         let steal = HostCPUTimes.stealPercent(since: hostAtStart)
