@@ -85,11 +85,12 @@ struct KafkaDevCommand: AsyncParsableCommand {
         for topic in topicNames {
             try cluster.createTopic(topic, partitions: partitions, replicationFactor: replicationFactor)
         }
-        let output = ConsoleOutput()
-        output.line(cluster.bootstrapServers)
+        // The file first: whoever sees the line may read the file at once.
         if let bootstrapFile {
             try writeAtomically(cluster.bootstrapServers + "\n", to: bootstrapFile)
         }
+        let output = ConsoleOutput()
+        output.line(cluster.bootstrapServers)
         logger.notice(
             "kafka-dev running",
             metadata: [
