@@ -102,11 +102,16 @@ struct FleetConfigurationDecoder {
         kafka.sslCertificateFile = try string("kafka.ssl.certificate-file")
         kafka.sslKeyFile = try string("kafka.ssl.key-file")
         kafka.sslKeyPassword = try secret("kafka.ssl.key-password")
-        for entry in try stringList("kafka.properties") {
+        for (index, entry) in try stringList("kafka.properties").enumerated() {
+            // The entry is not echoed: a mistyped one may hold a password.
             guard let equals = entry.firstIndex(of: "="), equals != entry.startIndex else {
-                throw ConfigurationError(key: "kafka.properties", "entries are name=value, got \"\(entry.prefix(40))\"")
+                throw ConfigurationError(key: "kafka.properties", "entries are name=value; entry \(index + 1) has no name before '='")
             }
-            kafka.properties[String(entry[..<equals])] = String(entry[entry.index(after: equals)...])
+            let name = String(entry[..<equals])
+            if let reason = KafkaSettings.managedProperties[name] {
+                throw ConfigurationError(key: "kafka.properties", "\(name) cannot be set here: \(reason)")
+            }
+            kafka.properties[name] = String(entry[entry.index(after: equals)...])
         }
         return kafka
     }

@@ -1,3 +1,4 @@
+import APNsCore
 import KafkaTransport
 import Logging
 import Synchronization
@@ -15,7 +16,11 @@ struct ReliablePublisher: Sendable {
         var pending = messages
         var delayMilliseconds = 100
         while !pending.isEmpty {
-            pending = await sendAll(pending)
+            pending = await sendAll(pending).map { message, error in
+                // Too large is permanent: retried as it is, it would hold its record, and so
+                // its partition's offset, forever. Only a DLQ copy of a huge job can be.
+                error.rdKafkaCode == KafkaError.messageSizeTooLargeCode ? shrunk(message) : message
+            }
             guard !pending.isEmpty else { break }
             if Task.isCancelled { return false }
             try? await Task.sleep(for: .milliseconds(delayMilliseconds))
@@ -24,9 +29,30 @@ struct ReliablePublisher: Sendable {
         return true
     }
 
+    /// How much of a message's value is kept when Kafka refuses it as too large.
+    static let shrunkValueBytes = 64 * 1024
+
+    /// `message` with its value cut to its first `shrunkValueBytes` (or to nothing, if that was
+    /// not enough), and a header saying how large it was.
+    private func shrunk(_ message: KafkaOutgoingMessage) -> KafkaOutgoingMessage {
+        var copy = message
+        let original = message.headers.first { $0.key == Self.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
+            ?? String(message.value.count)
+        copy.headers.removeAll { $0.key == Self.truncatedHeader }
+        copy.headers.append(RecordHeader(Self.truncatedHeader, original))
+        copy.value = message.value.count > Self.shrunkValueBytes ? Array(message.value.prefix(Self.shrunkValueBytes)) : []
+        logger.warning("message too large for Kafka; publishing it cut short", metadata: [
+            "kafka.topic": "\(message.topic)", "kafka.bytes": "\(original)", "kafka.kept_bytes": "\(copy.value.count)",
+        ])
+        return copy
+    }
+
+    /// Header of a message whose value was cut short: the original length in bytes.
+    static let truncatedHeader = "apns-fleet-truncated-from"
+
     /// Enqueues every message and waits once for all their delivery reports: one suspension per
-    /// group rather than a child task per message. Returns the ones that failed.
-    private func sendAll(_ messages: [KafkaOutgoingMessage]) async -> [KafkaOutgoingMessage] {
+    /// group rather than a child task per message. Returns the ones that failed, with why.
+    private func sendAll(_ messages: [KafkaOutgoingMessage]) async -> [(KafkaOutgoingMessage, KafkaError)] {
         let outcome = GroupDelivery(messages: messages)
         await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
             outcome.start(continuation)
@@ -43,7 +69,7 @@ struct ReliablePublisher: Sendable {
         for (index, error) in failed {
             logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(messages[index].topic)", "error": "\(error)"])
         }
-        return failed.map { messages[$0.index] }
+        return failed.map { (messages[$0.index], $0.error) }
     }
 }
 

@@ -152,6 +152,10 @@ public struct KafkaClientConfiguration: Sendable {
         "partitioner", "compression.level", "sticky.partitioning.linger.ms",
     ]
 
+    /// Properties the delivery guarantees rest on: passthrough `properties` never override them
+    /// (the fleet's configuration refuses them with a reason).
+    static let managedProperties: Set<String> = ["enable.idempotence", "enable.auto.offset.store", "enable.auto.commit", "group.id", "enable.partition.eof"]
+
     /// Whether a property's value must never be shown.
     static func isSecret(_ key: String) -> Bool {
         let lowered = key.lowercased()
@@ -165,8 +169,10 @@ public struct KafkaClientConfiguration: Sendable {
 public struct KafkaProducerConfiguration: Sendable {
     public var client: KafkaClientConfiguration
     /// How long a message may wait, including retries, before its delivery fails
-    /// (`message.timeout.ms`). Default: 30 seconds.
-    public var messageTimeout: Duration = .seconds(30)
+    /// (`message.timeout.ms`). Default: 120 seconds, well above librdkafka's 30-second request
+    /// timeout: a message that times out while its request may still land is what makes
+    /// librdkafka 2.0.2's idempotent producer raise fatal errors; the callers retry anyway.
+    public var messageTimeout: Duration = .seconds(120)
     /// How long to wait for more messages before sending a batch (`linger.ms`). Default: 5 ms.
     public var linger: Duration = .milliseconds(5)
     /// Largest batch in bytes (`batch.size`). A large batch halves librdkafka's CPU per message.
@@ -194,7 +200,9 @@ public struct KafkaProducerConfiguration: Sendable {
             ("compression.codec", compression),
         ]
         // Passthrough properties of the client go last so they can override the above.
-        let clientProperties = client.rdKafkaProperties().filter { !KafkaClientConfiguration.consumerOnlyProperties.contains($0.key) }
+        let clientProperties = client.rdKafkaProperties().filter {
+            !KafkaClientConfiguration.consumerOnlyProperties.contains($0.key) && !KafkaClientConfiguration.managedProperties.contains($0.key)
+        }
         let passthrough = Set(client.properties.keys)
         out.insert(contentsOf: clientProperties.filter { !passthrough.contains($0.key) }, at: 0)
         out.append(contentsOf: clientProperties.filter { passthrough.contains($0.key) })
@@ -250,7 +258,9 @@ public struct KafkaConsumerConfiguration: Sendable {
             // Bound prefetching: 16 MiB per partition instead of 64 MiB.
             ("queued.max.messages.kbytes", "16384"),
         ]
-        let clientProperties = client.rdKafkaProperties().filter { !KafkaClientConfiguration.producerOnlyProperties.contains($0.key) }
+        let clientProperties = client.rdKafkaProperties().filter {
+            !KafkaClientConfiguration.producerOnlyProperties.contains($0.key) && !KafkaClientConfiguration.managedProperties.contains($0.key)
+        }
         let passthrough = Set(client.properties.keys)
         return clientProperties.filter { !passthrough.contains($0.key) } + ours
             + clientProperties.filter { passthrough.contains($0.key) }

@@ -489,6 +489,9 @@ final class ConsumerCore: @unchecked Sendable {
         var lastProgress = (count: UInt64(0), at: ContinuousClock.now)
 
         while true {
+            // A fatal error makes the client unusable: close (what finished is still stored) and
+            // report it, so that the process stops rather than hold its partitions doing nothing.
+            if handle.context.fatalError.withLock({ $0 }) != nil { break }
             lock.lock()
             if closeRequested {
                 lock.unlock()
@@ -525,7 +528,7 @@ final class ConsumerCore: @unchecked Sendable {
                 if message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR {
                     batch.append(record(from: message, polledAt: polledAt))
                 } else {
-                    consumerError(message.pointee)
+                    consumerError(message.pointee, rk: rk)
                 }
                 rd_kafka_message_destroy(message)
             }
@@ -567,7 +570,7 @@ final class ConsumerCore: @unchecked Sendable {
             logger.warning("consumer close reported an error", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
         }
         logger.debug("consumer closed")
-        return nil
+        return handle.context.fatalError.withLock { $0 }
     }
 
     private func deliver(_ batch: [KafkaRecord]) {
@@ -646,7 +649,8 @@ final class ConsumerCore: @unchecked Sendable {
         return text
     }
 
-    private func consumerError(_ message: rd_kafka_message_t) {
+    private func consumerError(_ message: rd_kafka_message_t, rk: OpaquePointer) {
+        if message.err == RD_KAFKA_RESP_ERR__FATAL { ClientContext.from(rk)?.recordFatal(RDKafkaHandle.fatalError(of: rk)) }
         let name = KafkaError.errorName(message.err)
         Counter(label: "kafka.consumer.errors", dimensions: [("client", configuration.client.clientID), ("code", name)], factory: metrics).increment()
         let text = message.payload.map {

@@ -7,7 +7,7 @@ public struct KafkaError: Error, Sendable, Hashable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Base: String, Sendable, Hashable {
             case configuration, clientCreation, subscription, produce, delivery, queueFull
-            case flushTimeout, closed, rebalance, mockCluster, invalidArgument
+            case flushTimeout, closed, rebalance, mockCluster, invalidArgument, fatal
         }
 
         private let base: Base
@@ -35,9 +35,15 @@ public struct KafkaError: Error, Sendable, Hashable, CustomStringConvertible {
         public static let mockCluster = Code(.mockCluster)
         /// An argument is out of range or unknown.
         public static let invalidArgument = Code(.invalidArgument)
+        /// librdkafka raised a fatal error (an idempotent producer that can no longer guarantee
+        /// its ordering, say): the client is unusable and the process should restart.
+        public static let fatal = Code(.fatal)
 
         public var description: String { base.rawValue }
     }
+
+    /// librdkafka's `MSG_SIZE_TOO_LARGE` (locally or from the broker): never succeeds as it is.
+    public static let messageSizeTooLargeCode = RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE.rawValue
 
     public var code: Code
     /// What failed, in words.

@@ -143,6 +143,12 @@ public final class KafkaProducer: Service, Sendable {
         }
     }
 
+    /// Makes librdkafka raise a fatal error, as its idempotent producer does when it can no longer
+    /// keep its guarantees (`rd_kafka_test_fatal_error`); for tests of what follows.
+    func raiseFatalErrorForTesting(_ reason: String) {
+        _ = rd_kafka_test_fatal_error(core.handle.pointer, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER, reason)
+    }
+
     /// Flushes for up to `flushTimeout`, then fails whatever is left (their delivery reports say
     /// "purged"), and stops the polling thread. Later sends throw ``KafkaError/Code/closed``.
     public func shutdown(flushTimeout: Duration) async {
@@ -155,10 +161,20 @@ public final class KafkaProducer: Service, Sendable {
         await core.stopPollingAndWait()
     }
 
-    /// Runs until graceful shutdown (or cancellation), then ``shutdown(flushTimeout:)``.
+    /// Runs until graceful shutdown (or cancellation), then ``shutdown(flushTimeout:)``. Throws
+    /// librdkafka's fatal error if it raises one: the producer can send nothing more, and a
+    /// service group then stops the process instead of retrying forever.
     public func run() async throws {
-        try? await gracefulShutdown()
-        await shutdown(flushTimeout: shutdownFlushTimeout)
+        var fatal: KafkaError?
+        while !Task.isShuttingDownGracefully, !Task.isCancelled {
+            if let error = core.handle.context.fatalError.withLock({ $0 }) {
+                fatal = error
+                break
+            }
+            try? await Task.sleep(for: .milliseconds(250))
+        }
+        await shutdown(flushTimeout: fatal == nil ? shutdownFlushTimeout : .zero)
+        if let fatal { throw fatal }
     }
 }
 
@@ -279,6 +295,7 @@ final class ProducerCore: Sendable {
         if closing.load(ordering: .acquiring) {
             return KafkaError(code: .closed, message: "the producer is shut down")
         }
+        if handle.context.isFatal.load(ordering: .acquiring), let fatal = handle.context.fatalError.withLock({ $0 }) { return fatal }
         var headers: OpaquePointer?
         if !message.headers.isEmpty {
             let list = rd_kafka_headers_new(message.headers.count)

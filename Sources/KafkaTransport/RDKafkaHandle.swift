@@ -17,6 +17,10 @@ final class ClientContext: Sendable {
 
     /// Where this client's metrics go (its configuration's, or the process's).
     let metrics: any MetricsFactory
+    /// librdkafka's fatal error, once it has raised one: the client is unusable from then on.
+    let fatalError = Mutex<KafkaError?>(nil)
+    /// Whether `fatalError` is set: read for every message sent, so a plain atomic.
+    let isFatal = Atomic<Bool>(false)
 
     init(
         logger: Logger,
@@ -52,6 +56,12 @@ final class ClientContext: Sendable {
         default: swiftLevel = .debug
         }
         logger.log(level: swiftLevel, "\(message)", metadata: ["kafka.facility": "\(facility)"], source: "librdkafka")
+    }
+
+    func recordFatal(_ error: KafkaError) {
+        fatalError.withLock { $0 = $0 ?? error }
+        isFatal.store(true, ordering: .releasing)
+        logger.critical("librdkafka raised a fatal error; this client is unusable and the process stops", metadata: ["kafka.error": "\(error)"])
     }
 
     func error(code: Int32, reason: String) {
@@ -94,6 +104,14 @@ final class ClientContext: Sendable {
 /// for every call made through it here, and `rd_kafka_destroy` runs only in `deinit`, when no
 /// other reference (the polling thread holds one) can still use the pointer.
 final class RDKafkaHandle: @unchecked Sendable {
+    /// The error behind a `_FATAL` (`rd_kafka_fatal_error`), as a non-retryable ``KafkaError``.
+    static func fatalError(of rk: OpaquePointer) -> KafkaError {
+        var buffer = [CChar](repeating: 0, count: 512)
+        let code = rd_kafka_fatal_error(rk, &buffer, buffer.count)
+        let text = String(decoding: buffer.prefix(while: { $0 != 0 }).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return KafkaError(code: .fatal, message: "fatal: \(text)", rdKafkaCode: code.rawValue, rdKafkaName: KafkaError.errorName(code), isRetryable: false)
+    }
+
     let pointer: OpaquePointer
     let context: ClientContext
     private let isConsumer: Bool
@@ -134,7 +152,11 @@ final class RDKafkaHandle: @unchecked Sendable {
             )
         }
         rd_kafka_conf_set_error_cb(conf) { rk, code, reason, _ in
-            ClientContext.from(rk)?.error(code: code, reason: reason.map { String(cString: $0) } ?? "")
+            guard let context = ClientContext.from(rk) else { return }
+            if code == RD_KAFKA_RESP_ERR__FATAL.rawValue, let rk {
+                context.recordFatal(RDKafkaHandle.fatalError(of: rk))
+            }
+            context.error(code: code, reason: reason.map { String(cString: $0) } ?? "")
         }
         rd_kafka_conf_set_stats_cb(conf) { rk, json, length, _ in
             guard let json, let context = ClientContext.from(rk) else { return 0 }

@@ -138,6 +138,9 @@ struct ConfigurationLoaderTests {
               "APNS_FLEET_APP_A_PROTOCOL": "binary", "APNS_FLEET_APP_A_LEGACY_GATEWAY": "127.0.0.1:2295", "APNS_FLEET_APP_A_LEGACY_QUIET_PERIOD_MS": "5000",
               "APNS_FLEET_WORKER_REQUEST_TIMEOUT_SECONDS": "5"],
              "configuration key 'app.a.legacy-quiet-period-ms': is 5000 ms; it must be at least 1 s below worker.request-timeout-seconds (5000 ms), or every binary notification times out before it counts as delivered and is sent again"),
+            (["APNS_FLEET_KAFKA_PROPERTIES": "enable.auto.offset.store=true"],
+             "configuration key 'kafka.properties': enable.auto.offset.store cannot be set here: offsets are stored only once a record's results are acknowledged (at-least-once)"),
+            (["APNS_FLEET_KAFKA_PROPERTIES": "sasl.password:hunter2"], "configuration key 'kafka.properties': entries are name=value; entry 1 has no name before '='"),
             (["APNS_FLEET_DEFAULT_APP": "ghost"], "configuration key 'default-app': names app ghost, which is not in apps"),
             (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "9"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (8)"),
         ]

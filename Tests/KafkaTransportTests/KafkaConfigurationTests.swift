@@ -3,6 +3,17 @@ import Testing
 
 @Suite("Kafka client properties")
 struct KafkaConfigurationTests {
+    @Test("passthrough properties cannot undo what at-least-once rests on")
+    func managedPropertiesStay() {
+        var client = KafkaClientConfiguration(bootstrapServers: ["127.0.0.1:9092"])
+        client.properties = ["enable.auto.offset.store": "true", "enable.auto.commit": "false", "enable.idempotence": "false", "group.id": "other", "linger.ms": "20"]
+        // Applied in order: the last value of a name is the one librdkafka keeps.
+        let producer = Dictionary(KafkaProducerConfiguration(client: client).rdKafkaProperties().map { ($0.key, $0.value) }, uniquingKeysWith: { $1 })
+        let consumer = Dictionary(KafkaConsumerConfiguration(client: client, groupID: "g", topics: ["t"]).rdKafkaProperties().map { ($0.key, $0.value) }, uniquingKeysWith: { $1 })
+        #expect(producer["enable.idempotence"] == "true" && producer["linger.ms"] == "20")
+        #expect(consumer["enable.auto.offset.store"] == "false" && consumer["enable.auto.commit"] == "true" && consumer["group.id"] == "g")
+    }
+
     @Test("one kafka.properties list serves both clients: each takes only what it understands")
     func splitPassthrough() {
         var client = KafkaClientConfiguration(bootstrapServers: ["127.0.0.1:9092"])

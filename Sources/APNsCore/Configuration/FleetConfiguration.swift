@@ -113,8 +113,19 @@ public struct KafkaSettings: Sendable {
     public var sslCertificateFile: String?
     public var sslKeyFile: String?
     public var sslKeyPassword: Secret?
-    /// Extra librdkafka properties, passed through unchanged (they win over everything above).
+    /// Extra librdkafka properties, passed through unchanged (they win over everything above,
+    /// except `managedProperties`).
     public var properties: [String: String]
+
+    /// librdkafka properties the delivery guarantees rest on, which `properties` may not set,
+    /// with the reason.
+    public static let managedProperties: [String: String] = [
+        "enable.idempotence": "results and events are produced idempotently, always",
+        "enable.auto.offset.store": "offsets are stored only once a record's results are acknowledged (at-least-once)",
+        "enable.auto.commit": "stored offsets are committed by librdkafka's commit timer; without it nothing is committed",
+        "group.id": "set kafka.group-id (push workers) or kafka.feedback-group-id instead",
+        "enable.partition.eof": "the consumer does not handle end-of-partition events",
+    ]
 
     public init(
         bootstrapServers: String = "127.0.0.1:9092",

@@ -128,7 +128,10 @@ struct PublishCommand: AsyncParsableCommand {
         let topic = kafkaTopic ?? fleet.topics.jobs
         var client = KafkaClientConfiguration(settings: fleet.kafka, clientID: "apns-fleet-publish")
         client.statisticsInterval = nil
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        var producerConfiguration = KafkaProducerConfiguration(client: client)
+        // Someone is waiting at a terminal: say within 30 s that Kafka does not take the jobs.
+        producerConfiguration.messageTimeout = .seconds(30)
+        let producer = try KafkaProducer(configuration: producerConfiguration, logger: logger)
         let publisher = JobPublisher(producer: producer, topic: topic)
         let producing = Task { try await producer.run() }
         defer { producing.cancel() }

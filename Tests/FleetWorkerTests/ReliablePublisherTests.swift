@@ -1,0 +1,48 @@
+import APNsCore
+import FleetTestSupport
+import Foundation
+import KafkaTransport
+import Logging
+import Testing
+
+@testable import FleetWorker
+
+@Suite("Reliable publisher")
+struct ReliablePublisherTests {
+    @Test("a message Kafka refuses as too large goes out cut short, with its size in a header, instead of being retried forever")
+    func tooLargeIsCutShort() async throws {
+        var logger = Logger(label: "publisher-test")
+        logger.logLevel = .error
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        try cluster.createTopic("dlq", partitions: 1)
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        let publisher = ReliablePublisher(producer: producer, logger: logger)
+        // A job of 1.2 MB (say, an image pasted into the payload): invalid, and its DLQ copy
+        // is over librdkafka's message.max.bytes.
+        let huge = KafkaOutgoingMessage(topic: "dlq", value: [UInt8](repeating: 0x61, count: 1_200_000), headers: [RecordHeader("dlq-reason", "payload too large")])
+        let published = try await withTimeout(30, "the publish to finish") { await publisher.publish([huge]) }
+        #expect(published)
+
+        var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: ["dlq"])
+        readerConfiguration.sessionTimeout = .seconds(6)
+        let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
+        let records = try await withThrowingTaskGroup(of: [KafkaRecord].self) { group in
+            group.addTask { try await reader.run(); return [] }
+            group.addTask {
+                for await batch in reader.batches { return batch }
+                return []
+            }
+            let first = try await group.next() ?? []
+            reader.close()
+            group.cancelAll()
+            return first
+        }
+        let record = try #require(records.first)
+        #expect(record.value.count == ReliablePublisher.shrunkValueBytes)
+        #expect(record.headers.text(ReliablePublisher.truncatedHeader) == "1200000")
+        #expect(record.headers.text("dlq-reason") == "payload too large")
+        await producer.shutdown(flushTimeout: .seconds(2))
+    }
+}
