@@ -67,7 +67,7 @@ public struct TokenAuthenticator: Sendable {
             return .failure(APNsRejection(error.code == .expired ? .expiredProviderToken : .invalidProviderToken))
         case .success(let claims):
             if case .failure(let rejection) = checkAge(claims, now: now) { return .failure(rejection) }
-            if let current, claims.issuedAt - current.claims.issuedAt < minimumChangeInterval {
+            if let current, minimumChangeInterval > 0, claims.issuedAt - current.claims.issuedAt < minimumChangeInterval {
                 return .failure(APNsRejection(.tooManyProviderTokenUpdates))
             }
             current = (String(token), claims)

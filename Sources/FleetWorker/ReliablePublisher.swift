@@ -17,9 +17,17 @@ struct ReliablePublisher: Sendable {
         var delayMilliseconds = 100
         while !pending.isEmpty {
             pending = await sendAll(pending).map { message, error in
-                // Too large is permanent: retried as it is, it would hold its record, and so
-                // its partition's offset, forever. Only a DLQ copy of a huge job can be.
-                error.rdKafkaCode == KafkaError.messageSizeTooLargeCode ? shrunk(message) : message
+                guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return message }
+                // Too large is permanent: retried as it is, it would hold its record, and so its
+                // partition's offset, forever. Only a DLQ copy of a huge job is that large; a
+                // small message refused with it was in a batch the broker refused whole.
+                guard message.value.count > Self.shrunkValueBytes else {
+                    logger.error("Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
+                        "kafka.topic": "\(message.topic)",
+                    ])
+                    return message
+                }
+                return shrunk(message)
             }
             guard !pending.isEmpty else { break }
             if Task.isCancelled { return false }
@@ -32,15 +40,15 @@ struct ReliablePublisher: Sendable {
     /// How much of a message's value is kept when Kafka refuses it as too large.
     static let shrunkValueBytes = 64 * 1024
 
-    /// `message` with its value cut to its first `shrunkValueBytes` (or to nothing, if that was
-    /// not enough), and a header saying how large it was.
+    /// `message` (larger than `shrunkValueBytes`) with its value cut to its first
+    /// `shrunkValueBytes`, and a header saying how large it was.
     private func shrunk(_ message: KafkaOutgoingMessage) -> KafkaOutgoingMessage {
         var copy = message
         let original = message.headers.first { $0.key == Self.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
             ?? String(message.value.count)
         copy.headers.removeAll { $0.key == Self.truncatedHeader }
         copy.headers.append(RecordHeader(Self.truncatedHeader, original))
-        copy.value = message.value.count > Self.shrunkValueBytes ? Array(message.value.prefix(Self.shrunkValueBytes)) : []
+        copy.value = Array(message.value.prefix(Self.shrunkValueBytes))
         logger.warning("message too large for Kafka; publishing it cut short", metadata: [
             "kafka.topic": "\(message.topic)", "kafka.bytes": "\(original)", "kafka.kept_bytes": "\(copy.value.count)",
         ])

@@ -1,5 +1,7 @@
 import APNsClient
 import APNsFleetConfig
+import APNsLegacyClient
+import APNsSimulator
 import ArgumentParser
 import Foundation
 
@@ -52,6 +54,12 @@ struct APNsFleet: AsyncParsableCommand {
             FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
             Foundation.exit(2)
         } catch let error as APNsClientError where error.code == .credentials || error.code == .configuration {
+            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+            Foundation.exit(2)
+        } catch let error as LegacyClientError where error.code == .credentials || error.code == .configuration {
+            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+            Foundation.exit(2)
+        } catch let error as SimulatorConfigurationError {
             FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
             Foundation.exit(2)
         } catch let error as CommandFailure {

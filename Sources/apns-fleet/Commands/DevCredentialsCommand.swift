@@ -48,6 +48,16 @@ struct DevCredentialsCommand: ParsableCommand {
     @Flag(name: .customLong("print-token"), help: "Print a fresh provider token from the key in --out instead of making credentials.")
     var printToken = false
 
+    func validate() throws {
+        // APNs (and the worker's configuration, and send) take 10 letters or digits.
+        for (flag, value) in [("--key-id", keyID), ("--team-id", teamID)] {
+            guard let value else { continue }
+            guard value.count == 10, value.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) }) else {
+                throw ValidationError("\(flag) must be 10 letters or digits, got \(value.count) characters")
+            }
+        }
+    }
+
     func run() throws {
         if printToken {
             let summary = try DevCredentials.readSummary(from: out)

@@ -129,8 +129,9 @@ struct PublishCommand: AsyncParsableCommand {
         var client = KafkaClientConfiguration(settings: fleet.kafka, clientID: "apns-fleet-publish")
         client.statisticsInterval = nil
         var producerConfiguration = KafkaProducerConfiguration(client: client)
-        // Someone is waiting at a terminal: say within 30 s that Kafka does not take the jobs.
-        producerConfiguration.messageTimeout = .seconds(30)
+        // Someone is waiting at a terminal: say within a minute that Kafka does not take the
+        // jobs (still above librdkafka's 30-second request timeout, see docs/kafka.md).
+        producerConfiguration.messageTimeout = .seconds(60)
         let producer = try KafkaProducer(configuration: producerConfiguration, logger: logger)
         let publisher = JobPublisher(producer: producer, topic: topic)
         let producing = Task { try await producer.run() }

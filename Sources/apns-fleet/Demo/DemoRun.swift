@@ -78,7 +78,7 @@ struct DemoRun {
             }
             publishing.finish()
             guard published.failed == 0 else {
-                throw UsageError("\(published.failed) jobs were not accepted by Kafka; the first error: \(published.firstError ?? "unknown")")
+                throw CommandFailure("\(published.failed) jobs were not accepted by Kafka; the first error: \(published.firstError ?? "unknown")")
             }
             let expectedEvents = generator.usedDeadTokens.count
 

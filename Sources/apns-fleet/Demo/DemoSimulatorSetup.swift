@@ -29,7 +29,7 @@ struct DemoSimulatorSetup {
         simulatorConfigPath = (credentialsDirectory as NSString).appendingPathComponent("demo-simulator.json")
         let output = try JSONSerialization.data(withJSONObject: config, options: [.prettyPrinted, .sortedKeys])
         guard FileManager.default.createFile(atPath: simulatorConfigPath, contents: output) else {
-            throw UsageError("cannot write \(simulatorConfigPath)")
+            throw CommandFailure("cannot write \(simulatorConfigPath)")
         }
     }
 
@@ -75,7 +75,7 @@ struct DemoSimulatorSetup {
             """
         let file = (demoDirectory as NSString).appendingPathComponent("fleet.yaml")
         guard FileManager.default.createFile(atPath: file, contents: Data(yaml.utf8)) else {
-            throw UsageError("cannot write \(file)")
+            throw CommandFailure("cannot write \(file)")
         }
         return ["--config", file]
     }

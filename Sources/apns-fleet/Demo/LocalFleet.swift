@@ -87,7 +87,7 @@ struct LocalFleet {
                 processes.append(simulator)
                 let listening = try await simulator.waitForLine(containing: "apns-fleet simulator listening:", timeout: .seconds(60))
                 guard let port = Self.port(after: "h2 (TLS) 127.0.0.1:", in: listening) else {
-                    throw UsageError("cannot read the simulator's port from: \(listening)")
+                    throw CommandFailure("cannot read the simulator's port from: \(listening)")
                 }
                 fleetArguments = try setup.writeFleetConfiguration(bootstrap: bootstrap, simulatorPort: port, embeddedKafka: options.brokers == nil)
                 generator = setup.generator

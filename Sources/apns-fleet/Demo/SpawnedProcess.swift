@@ -12,7 +12,7 @@ final class SpawnedProcess {
         self.name = name
         self.logPath = logPath
         guard FileManager.default.createFile(atPath: logPath, contents: nil), let log = FileHandle(forWritingAtPath: logPath) else {
-            throw UsageError("cannot write the log file \(logPath)")
+            throw CommandFailure("cannot write the log file \(logPath)")
         }
         process.executableURL = URL(fileURLWithPath: Self.executablePath)
         process.arguments = arguments
@@ -23,7 +23,7 @@ final class SpawnedProcess {
         do {
             try process.run()
         } catch {
-            throw UsageError("cannot start \(name): \(error)")
+            throw CommandFailure("cannot start \(name): \(error)")
         }
     }
 
@@ -53,11 +53,11 @@ final class SpawnedProcess {
         while ContinuousClock.now < deadline {
             if let line = log.split(separator: "\n").first(where: { $0.contains(text) }) { return String(line) }
             guard isRunning else {
-                throw UsageError("\(name) exited (status \(process.terminationStatus)) before it was ready; its log (\(logPath)) ends:\n\(logTail())")
+                throw CommandFailure("\(name) exited (status \(process.terminationStatus)) before it was ready; its log (\(logPath)) ends:\n\(logTail())")
             }
             try await Task.sleep(for: .milliseconds(100))
         }
-        throw UsageError("\(name) was not ready after \(timeout); its log (\(logPath)) ends:\n\(logTail())")
+        throw CommandFailure("\(name) was not ready after \(timeout); its log (\(logPath)) ends:\n\(logTail())")
     }
 
     /// SIGTERM, then waits up to `timeout` for a clean exit; SIGKILL after that. Returns the status.

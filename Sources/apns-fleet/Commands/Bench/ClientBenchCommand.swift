@@ -64,7 +64,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
         defer { simulator.kill() }
         let listening = try await simulator.waitForLine(containing: "apns-fleet simulator listening:", timeout: .seconds(60))
         guard let port = LocalFleet.port(after: "h2 (TLS) 127.0.0.1:", in: listening) else {
-            throw UsageError("cannot read the simulator's port from: \(listening)")
+            throw CommandFailure("cannot read the simulator's port from: \(listening)")
         }
 
         let output = BenchOutput(
@@ -90,7 +90,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
             guard status == 0, let line = send.log.split(separator: "\n").first(where: { $0.hasPrefix("{") }),
                 let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
             else {
-                throw UsageError("the client run failed (status \(status)); its log (\(logPath)) ends:\n\(send.logTail())")
+                throw CommandFailure("the client run failed (status \(status)); its log (\(logPath)) ends:\n\(send.logTail())")
             }
             var record = BenchRecord()
             record.set("suite", "client")

@@ -90,7 +90,7 @@ struct FleetBench {
             group.addTask {
                 var generator = initialGenerator
                 let summary = try await publisher.publish(count: settings.jobs, generator: &generator, rate: settings.rate, tally: tally, clock: Self.nowMillis)
-                if summary.failed > 0 { throw UsageError("\(summary.failed) jobs were not accepted by Kafka: \(summary.firstError ?? "")") }
+                if summary.failed > 0 { throw CommandFailure("\(summary.failed) jobs were not accepted by Kafka: \(summary.firstError ?? "")") }
             }
 
             // Wait for the end of the run.
@@ -102,10 +102,10 @@ struct FleetBench {
                 expected = snapshot.notificationsExpected
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
-                    throw UsageError("\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())")
+                    throw CommandFailure("\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())")
                 }
                 if ContinuousClock.now - started > settings.timeout {
-                    throw UsageError("timed out with \(snapshot.notificationsExpected - snapshot.notificationsSeen) notifications unanswered")
+                    throw CommandFailure("timed out with \(snapshot.notificationsExpected - snapshot.notificationsSeen) notifications unanswered")
                 }
                 try await Task.sleep(for: .milliseconds(20))
             }
