@@ -46,26 +46,11 @@ struct APNsFleet: AsyncParsableCommand {
             } else {
                 try command.run()
             }
-        } catch let error as UsageError {
-            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-            Foundation.exit(2)
-        } catch let error as ConfigurationError {
-            // A configuration that does not load is the caller's to fix, like a bad flag.
-            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-            Foundation.exit(2)
-        } catch let error as APNsClientError where error.code == .credentials || error.code == .configuration {
-            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-            Foundation.exit(2)
-        } catch let error as LegacyClientError where error.code == .credentials || error.code == .configuration {
-            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-            Foundation.exit(2)
-        } catch let error as SimulatorConfigurationError {
-            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-            Foundation.exit(2)
-        } catch let error as CommandFailure {
-            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-            Foundation.exit(1)
         } catch {
+            if let status = exitStatus(of: error) {
+                FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+                Foundation.exit(status)
+            }
             let code = exitCode(for: error)
             let message = fullMessage(for: error)
             if code == .success {
@@ -75,6 +60,18 @@ struct APNsFleet: AsyncParsableCommand {
             }
             Foundation.exit(code == .validationFailure ? 2 : code.rawValue)
         }
+    }
+}
+
+/// The exit status of our own errors: 2 for what the caller must fix (usage, configuration,
+/// credentials), 1 for work that failed; nil for argument-parser's, which it reports itself.
+private func exitStatus(of error: any Error) -> Int32? {
+    switch error {
+    case is UsageError, is ConfigurationError, is SimulatorConfigurationError: 2
+    case let error as APNsClientError where error.code == .credentials || error.code == .configuration: 2
+    case let error as LegacyClientError where error.code == .credentials || error.code == .configuration: 2
+    case is CommandFailure: 1
+    default: nil
     }
 }
 
