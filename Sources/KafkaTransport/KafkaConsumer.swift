@@ -434,9 +434,12 @@ final class ConsumerCore: @unchecked Sendable {
     }
 
     func lag(_ rk: OpaquePointer) -> [TopicPartition: Int64] {
+        // Counted from the finished prefix; before anything finished this assignment, from the
+        // oldest record still in flight (a first record stuck shows its whole backlog), and only
+        // with nothing in flight from librdkafka's position.
         let snapshot: [(TopicPartition, Int64?)] = locked {
             applyCompletionsLocked()
-            return assigned.map { ($0, tracker.storableOffset($0)) }
+            return assigned.map { ($0, tracker.storableOffset($0) ?? tracker.oldestUnfinished($0)) }
         }
         guard !snapshot.isEmpty else { return [:] }
         let list = TopicPartitionList(snapshot.map(\.0))

@@ -24,6 +24,20 @@ struct OffsetTrackerTests {
         #expect(tracker.storableOffset(p0) == 3)
     }
 
+    @Test("the oldest unfinished offset is where lag counts from before anything finished (a stuck first record)")
+    func oldestUnfinished() {
+        var tracker = OffsetTracker()
+        let epoch = tracker.assign(p0)
+        #expect(tracker.oldestUnfinished(p0) == nil)
+        for offset in 10..<13 { tracker.dispatched(p0, offset: Int64(offset)) }
+        _ = tracker.finished(p0, offset: 11, epoch: epoch)
+        #expect(tracker.oldestUnfinished(p0) == 10, "10 is stuck; 11 finishing early changes nothing")
+        _ = tracker.finished(p0, offset: 10, epoch: epoch)
+        #expect(tracker.oldestUnfinished(p0) == 12)
+        _ = tracker.finished(p0, offset: 12, epoch: epoch)
+        #expect(tracker.oldestUnfinished(p0) == nil)
+    }
+
     @Test func outOfOrderCompletionWaitsForEarlierRecords() {
         var tracker = OffsetTracker()
         let epoch = tracker.assign(p0)

@@ -171,6 +171,14 @@ public struct OffsetTracker: Sendable {
     }
 
     /// The next offset the worker would see for `partition`: one past the last dispatched record.
+    /// The oldest offset dispatched and not finished, if any: where a restart would begin when
+    /// nothing finished yet this epoch.
+    public func oldestUnfinished(_ partition: TopicPartition) -> Int64? {
+        // The head is never finished: it moves on as soon as it is.
+        guard let state = partitions[partition], state.head < state.pending.count else { return nil }
+        return state.pending[state.head]
+    }
+
     public func nextDispatchOffset(_ partition: TopicPartition) -> Int64? {
         partitions[partition]?.lastDispatched.map { $0 + 1 }
     }
