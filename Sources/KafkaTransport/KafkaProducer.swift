@@ -230,6 +230,9 @@ final class ProducerCore: Sendable {
     let logger: Logger
     private let closing = Atomic<Bool>(false)
     private let stop = Atomic<Bool>(false)
+    /// Sends between their `closing` check and librdkafka taking the message: the final purge
+    /// waits for them, or a message that slipped in after it would never get its report.
+    private let enqueuing = Atomic<Int>(0)
     private let stopped = Mutex<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
 
     init(handle: RDKafkaHandle, logger: Logger) {
@@ -249,6 +252,10 @@ final class ProducerCore: Sendable {
         let rk = handle.pointer
         while !stop.load(ordering: .acquiring) {
             rd_kafka_poll(rk, 100)
+        }
+        // `closing` is set, so no new send gets past its check; wait for those already past it.
+        while enqueuing.load(ordering: .sequentiallyConsistent) > 0 {
+            rd_kafka_poll(rk, 1)
         }
         // Fail what is left so that every waiting `send` returns.
         rd_kafka_purge(rk, Int32(RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT))
@@ -270,11 +277,11 @@ final class ProducerCore: Sendable {
 
     /// Returns false if closing had already begun.
     func beginClose() -> Bool {
-        !closing.exchange(true, ordering: .acquiringAndReleasing)
+        !closing.exchange(true, ordering: .sequentiallyConsistent)
     }
 
     func stopPolling() {
-        closing.store(true, ordering: .releasing)
+        closing.store(true, ordering: .sequentiallyConsistent)
         stop.store(true, ordering: .releasing)
     }
 
@@ -292,7 +299,11 @@ final class ProducerCore: Sendable {
     /// Hands the message to librdkafka. On success the handler is owned by librdkafka until its
     /// delivery report; on failure it is released and the error returned.
     func enqueue(_ message: KafkaOutgoingMessage, handler: KafkaDeliveryRecipient) -> KafkaError? {
-        if closing.load(ordering: .acquiring) {
+        // Counted before the check (both sequentially consistent): either the stopping thread
+        // sees this send and waits for it, or this send sees `closing`.
+        enqueuing.add(1, ordering: .sequentiallyConsistent)
+        defer { enqueuing.subtract(1, ordering: .sequentiallyConsistent) }
+        if closing.load(ordering: .sequentiallyConsistent) {
             return KafkaError(code: .closed, message: "the producer is shut down")
         }
         if handle.context.isFatal.load(ordering: .acquiring), let fatal = handle.context.fatalError.withLock({ $0 }) { return fatal }
