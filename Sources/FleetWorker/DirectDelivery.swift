@@ -64,7 +64,13 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         case .retryInProcess(let delay):
             // Only this device waits (a 429, a 503, a lost connection); rare, so a task is fine.
             worker.continueLater({
-                try? await Task.sleep(for: .milliseconds(delay))
+                do {
+                    try await Task.sleep(for: .milliseconds(delay))
+                } catch {
+                    // Cancelled (a forced stop): not sent again without its backoff (a 429'd
+                    // device would get back-to-back requests); left for the group to redo.
+                    return self.abandon()
+                }
                 self.start()
             }, ifStopped: abandon)
         }

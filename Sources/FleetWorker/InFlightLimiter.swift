@@ -40,11 +40,13 @@ final class InFlightLimiter: Sendable {
     }
 
     /// Takes `count` slots (at most the capacity, so a job larger than the bound still runs alone).
-    func acquire(_ count: Int) async {
+    /// Takes `count` slots, waiting for them if need be; returns whether it had to wait.
+    @discardableResult
+    func acquire(_ count: Int) async -> Bool {
         let wanted = min(max(count, 1), capacity)
         // Below the bound (the steady state) no continuation is made: suspending and resuming
         // the consume loop once per record cost more than the rest of taking a slot.
-        if state.withLock({ take(wanted, &$0) }) { return }
+        if state.withLock({ take(wanted, &$0) }) { return false }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let ready = state.withLock { state -> Bool in
                 if take(wanted, &state) { return true }
@@ -53,6 +55,7 @@ final class InFlightLimiter: Sendable {
             }
             if ready { continuation.resume() }
         }
+        return true
     }
 
     /// Under the lock: takes `count` slots if they are free and nobody is queued before.

@@ -144,7 +144,13 @@ public final class PushWorker: Service, Sendable {
                 // Decoded before it takes its slots, so that a job counts by its real tokens.
                 let admission = admit(record)
                 let weight = admission.weight
-                await limiter.acquire(weight)
+                // While it waited for slots, its partition may have moved on (revoked past the
+                // drain, or lost): the new owner sends it, so sending it here too would only
+                // reach the device twice. Left unfinished.
+                if await limiter.acquire(weight), !consumer.isCurrent(record) {
+                    limiter.release(weight)
+                    continue
+                }
                 if case .accepted(let job) = admission, job.tokens.count == 1, sender.canSubmit(app: job.appName) {
                     DirectDelivery(worker: self, job: job, record: record, weight: weight).start()
                     continue
@@ -254,7 +260,8 @@ public final class PushWorker: Service, Sendable {
         case .rejected(let messages):
             guard await publish(messages) else { return }
         case .accepted(let job):
-            await deliver(job, record: record)
+            // False when cancelled before Kafka took the results: left unfinished, redone.
+            guard await deliver(job, record: record) else { return }
         }
         consumer.markFinished(record)
     }
@@ -306,25 +313,30 @@ public final class PushWorker: Service, Sendable {
         return messages
     }
 
-    private func deliver(_ job: JobInFlight, record: KafkaRecord) async {
+    /// Sends the job's notifications and publishes their results (and retry record); true once
+    /// Kafka has acknowledged them all.
+    private func deliver(_ job: JobInFlight, record: KafkaRecord) async -> Bool {
         // A retry record's `not-before` was waited for before it took its slot (`processWhenDue`).
-        let outcomes: [TokenOutcome]
+        let outcomes: [TokenOutcome?]
         if job.tokens.count == 1, let token = job.tokens.first {
             // Most jobs have one token: no task group (and its allocations) for them.
             outcomes = [await deliver(token: token, of: job)]
         } else {
-            outcomes = await withTaskGroup(of: TokenOutcome.self, returning: [TokenOutcome].self) { group in
+            outcomes = await withTaskGroup(of: TokenOutcome?.self, returning: [TokenOutcome?].self) { group in
                 for token in job.tokens {
                     group.addTask { await self.deliver(token: token, of: job) }
                 }
-                var outcomes: [TokenOutcome] = []
+                var outcomes: [TokenOutcome?] = []
                 outcomes.reserveCapacity(job.tokens.count)
                 for await outcome in group { outcomes.append(outcome) }
                 return outcomes
             }
         }
 
-        guard await publish(outcomeMessages(outcomes, of: job, record: record)) else { return }
+        // A token cancelled during its backoff has no outcome: the record is left unfinished.
+        let settled = outcomes.compactMap { $0 }
+        guard settled.count == outcomes.count else { return false }
+        return await publish(outcomeMessages(settled, of: job, record: record))
     }
 
     /// The result messages of a job's finished tokens, plus one retry record for the tokens that
@@ -380,7 +392,8 @@ public final class PushWorker: Service, Sendable {
     }
 
     /// Sends one notification, retrying in process as the policy says.
-    private func deliver(token: DeviceToken, of job: JobInFlight) async -> TokenOutcome {
+    /// Nil when cancelled while waiting to try again: not sent without its backoff.
+    private func deliver(token: DeviceToken, of job: JobInFlight) async -> TokenOutcome? {
         let notification = makeNotification(token: token, of: job)
         var progress = SendProgress(attempts: job.previousAttempts)
         while true {
@@ -392,7 +405,7 @@ public final class PushWorker: Service, Sendable {
                 return outcome
             case .retryInProcess(let delay):
                 // Only this device waits; the job's other tokens carry on.
-                try? await Task.sleep(for: .milliseconds(delay))
+                do { try await Task.sleep(for: .milliseconds(delay)) } catch { return nil }
             }
         }
     }

@@ -112,6 +112,18 @@ struct JobIntakeTests {
         }
         #expect(rejected.results.first?.reason == "attempt header: must be a positive integer, got \"-4\"")
     }
+
+    @Test("a retry record with malformed retry headers keeps its job id and answers only for the tokens it was retrying")
+    func badRetryHeadersOfAFanOut() {
+        let text = #"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{}}"#
+        let headers = [RecordHeader("attempt", "x"), RecordHeader("job-id", "job-7"), RecordHeader("retry-tokens", tokenB)]
+        guard case .rejected(let rejected) = accept(text, headers: headers) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.map(\.token) == [tokenB], "tokenA already has its result")
+        #expect(rejected.results.allSatisfy { $0.jobID == "job-7" })
+    }
 }
 
 @Suite("Job intake for binary-interface apps")

@@ -43,14 +43,19 @@ public struct JobIntake: Sendable {
     }
 
     public func accept(value: [UInt8], headers: [RecordHeader], source: SourcePosition, now: UnixMillis) -> IntakeDecision {
+        // A job without `id` keeps the id of its first consumption through retries.
+        let inheritedID = headers.text(RetryHeaders.jobIDKey)
         let retry: RetryHeaders?
         do {
             retry = try RetryHeaders(headers: headers)
         } catch {
-            return reject(JobRejection(field: "\(error.field ?? "retry") header", error.message), value: value, headers: headers, source: source, now: now, jobID: nil)
+            // Still its job's id, and only the tokens it was retrying: the job's others already
+            // have their results.
+            return reject(
+                JobRejection(field: "\(error.field ?? "retry") header", error.message), value: value, headers: headers, source: source, now: now,
+                jobID: inheritedID ?? Self.bestEffortJobID(value: value), tokens: Self.namedRetryTokens(headers)
+            )
         }
-        // A job without `id` keeps the id of its first consumption through retries.
-        let inheritedID = headers.text(RetryHeaders.jobIDKey)
         do {
             let job = try decoder.decode(value: value, headers: headers)
             let jobID = job.id ?? inheritedID ?? source.derivedJobID
@@ -72,13 +77,22 @@ public struct JobIntake: Sendable {
             } catch {
                 // A retry record stands for the tokens it names: the job's others already have
                 // their results, and must not get a second, `invalid`, one.
-                let tokens = (try? retryTokens(headers: headers, job: job)) ?? job.tokens
+                let tokens = (try? retryTokens(headers: headers, job: job)) ?? Self.namedRetryTokens(headers) ?? job.tokens
                 return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job, tokens: tokens)
             }
         } catch {
             let jobID = inheritedID ?? Self.bestEffortJobID(value: value)
             return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID)
         }
+    }
+
+    /// The well-formed tokens a retry record's `retry-tokens` header names, read leniently (for
+    /// the `invalid` results of a record that is unusable otherwise); nil without the header or
+    /// when it names none.
+    static func namedRetryTokens(_ headers: [RecordHeader]) -> [DeviceToken]? {
+        guard let list = headers.text(retryTokensKey) else { return nil }
+        let tokens = list.split(separator: ",").compactMap { try? DeviceToken(hex: String($0)) }
+        return tokens.isEmpty ? nil : tokens
     }
 
     /// The legacy binary interface's own limits, so that a job it can never carry is `invalid`
