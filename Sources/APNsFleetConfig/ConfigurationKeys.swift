@@ -80,7 +80,7 @@ public enum ConfigurationKeys {
         .init("worker.request-timeout-seconds", "number", "10", "Deadline of one APNs request."),
         // Retry
         .init("retry.in-process-attempts", "integer", "3", "Attempts in process before the retry topic."),
-        .init("retry.max-attempts", "integer", "8", "Attempts in all before the result is failed."),
+        .init("retry.max-attempts", "integer", "12", "Attempts in all before the result is failed; the defaults retry for about 80 to 160 seconds (delays doubling from retry.base-delay-ms, at most retry.max-delay-ms, halved at random)."),
         .init("retry.base-delay-ms", "integer", "100", "First backoff delay."),
         .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay."),
         // Admin

@@ -46,7 +46,7 @@ struct FleetConfigurationDecoder {
         )
         configuration.retry = RetryPolicy(
             inProcessAttempts: try int("retry.in-process-attempts", default: 3, range: 1...100),
-            maxAttempts: try int("retry.max-attempts", default: 8, range: 1...1000),
+            maxAttempts: try int("retry.max-attempts", default: 12, range: 1...1000),
             baseDelayMilliseconds: try int("retry.base-delay-ms", default: 100, range: 1...3_600_000),
             maxDelayMilliseconds: try int("retry.max-delay-ms", default: 60_000, range: 1...86_400_000)
         )

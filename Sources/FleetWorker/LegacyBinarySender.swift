@@ -53,7 +53,7 @@ public final class LegacyBinarySender: NotificationSender, Service {
             payload: request.payload.bytes,
             expiry: expiry,
             priority: request.priority.map(Self.framePriority),
-            timeout: notification.timeout(requestTimeout)
+            timeout: requestTimeout
         )
         let elapsed = ContinuousClock.now - started
         let latencyMs = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15

@@ -1,6 +1,5 @@
 import APNsClient
 import APNsCore
-import Foundation
 
 /// One notification as the worker hands it to a transport: the client's request plus what
 /// picks the pool (app and environment).
@@ -14,9 +13,6 @@ public final class OutgoingNotification: Sendable {
     public let token: DeviceToken
     /// The request as the HTTP/2 client sends it; the payload is the producer's exact bytes.
     public let request: APNsNotification
-    /// The job's deadline or expiration, whichever comes first (unix ms), if it has one: no
-    /// request may still be waiting to go out after it.
-    public let cutoffMillis: Int64?
 
     /// The notification of `job` for `token`; `apnsID` stays the same across in-process attempts.
     /// Each field is read from where the job is stored, rather than through
@@ -26,10 +22,6 @@ public final class OutgoingNotification: Sendable {
         self.app = job.accepted.appName
         self.environment = job.accepted.job.environment
         self.token = token
-        // The earlier of deadline and a non-zero expiration (0 means "do not store", not a time).
-        let deadline = job.accepted.job.job.deadline
-        let expiration = job.accepted.job.job.expiration.flatMap { $0 > 0 ? $0 : nil }
-        self.cutoffMillis = (deadline.map { d in expiration.map { min(d, $0) } ?? d } ?? expiration).map { $0 &* 1000 }
         self.request = APNsNotification(
             deviceToken: token.hex,
             topic: job.accepted.job.topic,
@@ -40,17 +32,6 @@ public final class OutgoingNotification: Sendable {
             apnsID: apnsID,
             payload: job.accepted.job.job.payload
         )
-    }
-}
-
-extension OutgoingNotification {
-    /// How long a request may take: `requestTimeout`, or less when the job's cutoff comes first
-    /// (a request queued for a free stream must not go out after its deadline). Reads the wall
-    /// clock only for jobs that have a cutoff.
-    func timeout(_ requestTimeout: Duration) -> Duration {
-        guard let cutoffMillis else { return requestTimeout }
-        let remaining = Duration.milliseconds(cutoffMillis - Int64(Date().timeIntervalSince1970 * 1000))
-        return max(.zero, min(requestTimeout, remaining))
     }
 }
 

@@ -134,6 +134,8 @@ public final class PushWorker: Service, Sendable {
     /// Hands every consumed record to a direct delivery or a task of `group`.
     private func consume(into group: inout ThrowingDiscardingTaskGroup<any Error>) async throws {
         for try await batch in consumer.batches {
+            // Once the loop has waited for slots, a partition of this batch may have moved on.
+            var mayBeStale = false
             for record in batch {
                 // A retry record that is not due yet waits without a slot (its partition
                 // paused meanwhile): it must not hold up work of other partitions.
@@ -144,10 +146,11 @@ public final class PushWorker: Service, Sendable {
                 // Decoded before it takes its slots, so that a job counts by its real tokens.
                 let admission = admit(record)
                 let weight = admission.weight
-                // While it waited for slots, its partition may have moved on (revoked past the
-                // drain, or lost): the new owner sends it, so sending it here too would only
-                // reach the device twice. Left unfinished.
-                if await limiter.acquire(weight), !consumer.isCurrent(record) {
+                // While the loop waited for slots, the record's partition may have moved on
+                // (revoked past the drain, or lost): the new owner sends it, so sending it here
+                // too would only reach the device twice. Left unfinished.
+                if await limiter.acquire(weight) { mayBeStale = true }
+                if mayBeStale, !consumer.isCurrent(record) {
                     limiter.release(weight)
                     continue
                 }

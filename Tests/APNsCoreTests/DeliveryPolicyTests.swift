@@ -51,6 +51,12 @@ struct DeliveryPolicyTests {
         #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), deadline: soon + 60) == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
     }
 
+    @Test("a last attempt that ends past the cutoff is expired, not failed")
+    func lastAttemptPastCutoff() {
+        #expect(after(4, .notAnswered("request timed out after 10 s"), deadline: now.seconds - 1)
+            == .finish(.expired, status: nil, reason: "request timed out after 10 s; deadline 2025-12-31T23:59:59.000Z passed before APNs accepted the notification"))
+    }
+
     @Test("a job already past its deadline is not sent at all")
     func beforeSending() {
         #expect(policy.beforeSending(now: now, deadline: now.seconds - 1, expiration: nil)

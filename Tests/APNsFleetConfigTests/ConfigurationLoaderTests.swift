@@ -142,7 +142,7 @@ struct ConfigurationLoaderTests {
              "configuration key 'kafka.properties': enable.auto.offset.store cannot be set here: offsets are stored only once a record's results are acknowledged (at-least-once)"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "sasl.password:hunter2"], "configuration key 'kafka.properties': entries are name=value; entry 1 has no name before '='"),
             (["APNS_FLEET_DEFAULT_APP": "ghost"], "configuration key 'default-app': names app ghost, which is not in apps"),
-            (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "9"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (8)"),
+            (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "13"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (12)"),
         ]
     )
     func errors(environment: [String: String], message: String) async {

@@ -331,14 +331,14 @@ public struct WorkerSettings: Sendable {
 public struct RetryPolicy: Sendable, Hashable {
     /// Attempts made in process before a job goes to the retry topic. Default: 3.
     public var inProcessAttempts: Int
-    /// Attempts in all before the result is `failed`. Default: 8.
+    /// Attempts in all before the result is `failed`. Default: 12 (with the other defaults, 80 to 160 seconds of retrying).
     public var maxAttempts: Int
     /// Default: 100 ms.
     public var baseDelayMilliseconds: Int
     /// Default: 60 000 ms.
     public var maxDelayMilliseconds: Int
 
-    public init(inProcessAttempts: Int = 3, maxAttempts: Int = 8, baseDelayMilliseconds: Int = 100, maxDelayMilliseconds: Int = 60_000) {
+    public init(inProcessAttempts: Int = 3, maxAttempts: Int = 12, baseDelayMilliseconds: Int = 100, maxDelayMilliseconds: Int = 60_000) {
         self.inProcessAttempts = inProcessAttempts
         self.maxAttempts = maxAttempts
         self.baseDelayMilliseconds = baseDelayMilliseconds

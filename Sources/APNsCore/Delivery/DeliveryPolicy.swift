@@ -73,6 +73,10 @@ public struct DeliveryPolicy: Sendable, Hashable {
             lastReason = why
         }
 
+        // Past the job's cutoff the answer is that it expired, even on its last attempt.
+        if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), now() > cutoff {
+            return .finish(.expired, status: lastStatus, reason: "\(lastReason); \(Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff))")
+        }
         guard attempt < retry.maxAttempts else {
             return .finish(.failed, status: lastStatus, reason: "\(lastReason) (gave up after \(attempt) attempts)")
         }

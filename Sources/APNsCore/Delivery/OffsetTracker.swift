@@ -170,7 +170,6 @@ public struct OffsetTracker: Sendable {
         partitions.values.reduce(0) { $0 + ($1.pending.count - $1.head) }
     }
 
-    /// The next offset the worker would see for `partition`: one past the last dispatched record.
     /// The oldest offset dispatched and not finished, if any: where a restart would begin when
     /// nothing finished yet this epoch.
     public func oldestUnfinished(_ partition: TopicPartition) -> Int64? {
@@ -179,6 +178,7 @@ public struct OffsetTracker: Sendable {
         return state.pending[state.head]
     }
 
+    /// The next offset the worker would see for `partition`: one past the last dispatched record.
     public func nextDispatchOffset(_ partition: TopicPartition) -> Int64? {
         partitions[partition]?.lastDispatched.map { $0 + 1 }
     }
