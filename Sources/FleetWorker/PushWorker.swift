@@ -134,7 +134,9 @@ public final class PushWorker: Service, Sendable {
     /// Hands every consumed record to a direct delivery or a task of `group`.
     private func consume(into group: inout ThrowingDiscardingTaskGroup<any Error>) async throws {
         for try await batch in consumer.batches {
-            // Once the loop has waited for slots, a partition of this batch may have moved on.
+            // Once the loop has waited for slots, a partition of this batch may have moved on;
+            // only if a rebalance happened meanwhile (one atomic load) is each record checked.
+            let rebalances = consumer.rebalances
             var mayBeStale = false
             for record in batch {
                 // A retry record that is not due yet waits without a slot (its partition
@@ -149,7 +151,7 @@ public final class PushWorker: Service, Sendable {
                 // While the loop waited for slots, the record's partition may have moved on
                 // (revoked past the drain, or lost): the new owner sends it, so sending it here
                 // too would only reach the device twice. Left unfinished.
-                if await limiter.acquire(weight) { mayBeStale = true }
+                if await limiter.acquire(weight), consumer.rebalances != rebalances { mayBeStale = true }
                 if mayBeStale, !consumer.isCurrent(record) {
                     limiter.release(weight)
                     continue

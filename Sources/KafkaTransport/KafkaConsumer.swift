@@ -118,6 +118,10 @@ public final class KafkaConsumer: Service, Sendable {
     /// owner redoes the record from the stored offset.
     public func isCurrent(_ record: KafkaRecord) -> Bool { core.isCurrent(record) }
 
+    /// Counts rebalances (partitions assigned, revoked or lost). Reading it is one atomic load:
+    /// a caller that has seen it unchanged since it took a record need not ask ``isCurrent(_:)``.
+    public var rebalances: UInt64 { core.rebalances.load(ordering: .acquiring) }
+
     /// The assigned partitions librdkafka is currently not fetching: those paused by the caller,
     /// or all of them while the buffer is full.
     public var pausedPartitions: [TopicPartition] { core.pausedPartitions() }
@@ -353,6 +357,7 @@ final class ConsumerCore: @unchecked Sendable {
 
     func assignedPartitions() -> [TopicPartition] { locked { Array(assigned) } }
     func isCurrent(_ record: KafkaRecord) -> Bool { locked { tracker.epoch(of: record.topicPartition) == record.assignmentEpoch } }
+    let rebalances = Atomic<UInt64>(0)
     func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
     func inFlightCount() -> Int {
         locked {
@@ -773,6 +778,7 @@ final class ConsumerCore: @unchecked Sendable {
     ) {
         let partitions = TopicPartitionList.read(list).map(\.0)
         lastEpoch = nil
+        rebalances.add(1, ordering: .releasing)
         let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) } == "COOPERATIVE"
         switch event {
         case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
