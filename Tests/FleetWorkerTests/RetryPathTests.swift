@@ -67,10 +67,12 @@ struct RetryPathTests {
         behaviour.perDeviceLimit = 1
         behaviour.perDeviceWindow = .seconds(60)
         // A tiny budget: two attempts in process, the third from the retry topic, then `failed`.
-        // The retry records wait 5–10 s for their not-before: long enough that the other devices'
-        // jobs finish first even on a machine busy with other builds.
-        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 3, baseDelayMilliseconds: 5000, maxDelayMilliseconds: 20_000)
-        // In-process backoff after the first 429 waits 2.5–5 s in its slot; that is by design.
+        // The retry records wait 8–16 s for their not-before, the other throttled jobs hold their
+        // slots at most 4 s longer than the first (in-process backoff 4–8 s): the other devices'
+        // jobs have at least 4 s to finish first. (With 5 s, a 2.5 s margin, a cold CI run on a
+        // busy host missed it once.)
+        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 3, baseDelayMilliseconds: 8000, maxDelayMilliseconds: 30_000)
+        // In-process backoff after the first 429 waits 4–8 s in its slot; that is by design.
         let logs = Collected<CapturedLog>()
         let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 4, workerLogs: logs)
 
@@ -85,7 +87,7 @@ struct RetryPathTests {
             // Once a throttled job waits in the retry topic, publish jobs for other devices: they
             // must not wait behind it, though only four notifications may be in flight (the other
             // throttled jobs may still hold two in their in-process backoff). Publishing at the
-            // first retry record, not the last, leaves them its whole wait (5 s at least) to finish.
+            // first retry record, not the last, leaves them its whole wait (8 s at least) to finish.
             if retries.count >= 1, coldPublished.value == nil {
                 coldPublished.update { $0 = Int64(Date().timeIntervalSince1970 * 1000) }
                 for (index, token) in cold.enumerated() {
