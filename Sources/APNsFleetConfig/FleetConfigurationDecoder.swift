@@ -248,7 +248,7 @@ struct FleetConfigurationDecoder {
     }
 
     private func checkAppleID(_ value: String, key: String) throws(ConfigurationError) {
-        guard value.count == 10, value.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) }) else {
+        guard ProviderTokenSigner.isWellFormedIdentifier(value) else {
             throw ConfigurationError(key: key, value.isEmpty ? "is required for token auth" : "must be 10 letters or digits, got \(value.count) characters")
         }
     }

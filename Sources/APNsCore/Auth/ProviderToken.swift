@@ -66,6 +66,11 @@ public struct ProviderTokenError: Error, Sendable, Hashable, CustomStringConvert
 /// ```
 /// The signature is JOSE's raw R‖S form (64 bytes), base64url-encoded.
 public struct ProviderTokenSigner: Sendable {
+    /// Whether `value` has the shape of Apple's key and team ids: 10 ASCII letters or digits.
+    public static func isWellFormedIdentifier(_ value: String) -> Bool {
+        value.count == 10 && value.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber) }
+    }
+
     public let keyID: String
     public let teamID: String
     private let key: P256.Signing.PrivateKey

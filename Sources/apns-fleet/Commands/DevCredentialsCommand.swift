@@ -50,12 +50,7 @@ struct DevCredentialsCommand: ParsableCommand {
 
     func validate() throws {
         // APNs (and the worker's configuration, and send) take 10 letters or digits.
-        for (flag, value) in [("--key-id", keyID), ("--team-id", teamID)] {
-            guard let value else { continue }
-            guard value.count == 10, value.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) }) else {
-                throw ValidationError("\(flag) must be 10 letters or digits, got \(value.count) characters")
-            }
-        }
+        try checkAppleIdentifiers(["--key-id": keyID, "--team-id": teamID])
     }
 
     func run() throws {

@@ -127,9 +127,7 @@ struct SendCommand: AsyncParsableCommand {
         switch (keyFile, cert, pkcs12) {
         case (_?, nil, nil):
             guard let keyID, let teamID else { throw ValidationError("--key-file needs --key-id and --team-id") }
-            for (flag, value) in [("--key-id", keyID), ("--team-id", teamID)] where value.count != 10 || !value.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber) }) {
-                throw ValidationError("\(flag) must be 10 letters or digits, got \(value.count) characters")
-            }
+            try checkAppleIdentifiers(["--key-id": keyID, "--team-id": teamID])
         case (nil, _?, nil):
             guard key != nil else { throw ValidationError("--cert needs --key") }
         case (nil, nil, _?):
