@@ -98,17 +98,20 @@ enum UnknownKeys {
     private static let plainKeys = Set(ConfigurationKeys.all.map(\.name).filter { !$0.hasPrefix(appPrefix) })
     private static let appKeySuffixes = Set(ConfigurationKeys.all.map(\.name).filter { $0.hasPrefix(appPrefix) }.map { String($0.dropFirst(appPrefix.count)) })
 
-    /// `app.<name>.<suffix>`'s name, if `key` has that shape.
-    private static func appName(in key: String) -> String? {
+    /// `app.<name>.<suffix>` split into name and suffix, if `key` has that shape.
+    private static func appKey(_ key: String) -> (app: String, suffix: String)? {
         let parts = key.split(separator: ".", maxSplits: 2, omittingEmptySubsequences: false)
         guard parts.count == 3, parts[0] == "app" else { return nil }
-        return String(parts[1])
+        return (String(parts[1]), String(parts[2]))
     }
+
+    /// `app.<name>.<suffix>`'s name, if `key` has that shape.
+    private static func appName(in key: String) -> String? { appKey(key)?.app }
 
     private static func isCatalogued(_ key: String) -> Bool {
         if plainKeys.contains(key) { return true }
-        let parts = key.split(separator: ".", maxSplits: 2, omittingEmptySubsequences: false)
-        return parts.count == 3 && parts[0] == "app" && !parts[1].isEmpty && appKeySuffixes.contains(String(parts[2]))
+        guard let (app, suffix) = appKey(key) else { return false }
+        return !app.isEmpty && appKeySuffixes.contains(suffix)
     }
 
     /// The catalogued key closest to `key` (at most a third of its characters different).
