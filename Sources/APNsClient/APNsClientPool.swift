@@ -86,13 +86,18 @@ public final class APNsClientPool: Service, Sendable {
     ///
     /// Suspends while every stream of every connection is busy (back-pressure). Never throws:
     /// a passed deadline, a shutdown or a broken connection are outcomes.
-    public func send(_ notification: APNsNotification, deadline: NIODeadline) async -> APNsOutcome {
+    ///
+    /// - Parameters:
+    ///   - deadline: when the answer must have arrived; the stream is cancelled then.
+    ///   - sendBy: when the request must have been written; still waiting for a stream then, it
+    ///     is not sent and the outcome is `tooLate`.
+    public func send(_ notification: APNsNotification, deadline: NIODeadline, sendBy: NIODeadline = .distantFuture) async -> APNsOutcome {
         var retries = 0
         while true {
-            let leased = await lease(deadline: deadline)
-            guard case .connection(let connection) = leased else { return unanswered(leased) }
-            let outcome = await connection.execute(notification, deadline: deadline)
-            if shouldSendAgain(outcome, retries: retries, deadline: deadline) {
+            let leased = await lease(deadline: min(deadline, sendBy))
+            guard case .connection(let connection) = leased else { return unanswered(leased, sendBy: sendBy) }
+            let outcome = await connection.execute(notification, deadline: deadline, sendBy: sendBy)
+            if shouldSendAgain(outcome, retries: retries, deadline: min(deadline, sendBy)) {
                 retries += 1
                 continue
             }
@@ -112,18 +117,18 @@ public final class APNsClientPool: Service, Sendable {
     }
 
     /// Sends one notification without suspending: the outcome goes to `receiver` (with `tag`),
-    /// exactly once, on an event loop, after this returns. Retries, deadline and back-pressure
+    /// exactly once, on an event loop, after this returns. Retries, deadlines and back-pressure
     /// are as for `send`, except that a request waiting for a stream waits in the pool's queue.
     /// A caller bounds how many it submits (the queue holds whatever it is given).
-    public func submit(_ notification: APNsNotification, deadline: NIODeadline, to receiver: any APNsOutcomeReceiver, tag: Int = 0) {
-        submit(APNsRequest(notification: notification, deadline: deadline, destination: .receiver(receiver, tag: tag)))
+    public func submit(_ notification: APNsNotification, deadline: NIODeadline, sendBy: NIODeadline = .distantFuture, to receiver: any APNsOutcomeReceiver, tag: Int = 0) {
+        submit(APNsRequest(notification: notification, deadline: deadline, sendBy: sendBy, destination: .receiver(receiver, tag: tag)))
     }
 
     private func submit(_ request: APNsRequest) {
         let immediate = state.withLock { state -> Lease? in
             if let lease = Self.immediateLease(&state) { return lease }
-            if request.deadline <= .now() { return .timeout }
-            state.assignment.enqueue(.submitted(request), deadline: request.deadline.uptimeNanoseconds)
+            if request.waitsUntil <= .now() { return .timeout }
+            state.assignment.enqueue(.submitted(request), deadline: request.waitsUntil.uptimeNanoseconds)
             return nil
         }
         if let immediate { serve(.submitted(request), with: immediate) }
@@ -141,14 +146,18 @@ public final class APNsClientPool: Service, Sendable {
                 connection.enqueue(request)
                 return
             }
-            let outcome = unanswered(lease)
+            let outcome = unanswered(lease, sendBy: request.sendBy)
             group.any().execute { request.deliver(outcome) }
         }
     }
 
     /// The outcome for a request that never left the client, given the lease it got instead of
     /// a connection.
-    private func unanswered(_ lease: Lease) -> APNsOutcome {
+    private func unanswered(_ lease: Lease, sendBy: NIODeadline) -> APNsOutcome {
+        if case .timeout = lease, sendBy <= .now() {
+            metrics.record(APNsRequest.tooLate)
+            return APNsRequest.tooLate
+        }
         let why: APNsNotAnswered
         switch lease {
         // `.connection` is not passed here (callers send on it); it reads as a shutdown.
@@ -436,7 +445,7 @@ extension APNsClientPool: APNsConnectionEvents {
     }
 
     func connection(_ connection: APNsConnection, didFinish request: APNsRequest, with outcome: APNsOutcome) {
-        if shouldSendAgain(outcome, retries: request.retries, deadline: request.deadline) {
+        if shouldSendAgain(outcome, retries: request.retries, deadline: request.waitsUntil) {
             submit(request.sentAgain())
         } else {
             request.deliver(outcome)
@@ -482,7 +491,7 @@ extension APNsClientPool: APNsConnectionEvents {
     }
 }
 
-/// Receives the outcomes of requests given to ``APNsClientPool/submit(_:deadline:to:tag:)``.
+/// Receives the outcomes of requests given to ``APNsClientPool/submit(_:deadline:sendBy:to:tag:)``.
 public protocol APNsOutcomeReceiver: AnyObject, Sendable {
     /// Called exactly once per submitted request, on an event loop: return quickly and never
     /// block (other connections' answers wait behind it). May submit more requests.

@@ -90,19 +90,19 @@ public final class APNsClients: Service, Sendable {
 
     /// Sends through the right pool; an unknown app or environment is a connection failure
     /// that no retry can fix, so the worker should have rejected the job earlier.
-    public func send(_ notification: APNsNotification, app: String, environment: APNsEnvironment, deadline: NIODeadline) async -> APNsOutcome {
+    public func send(_ notification: APNsNotification, app: String, environment: APNsEnvironment, deadline: NIODeadline, sendBy: NIODeadline = .distantFuture) async -> APNsOutcome {
         guard let pool = pool(app: app, environment: environment) else { return Self.noPool(app: app, environment: environment) }
-        return await pool.send(notification, deadline: deadline)
+        return await pool.send(notification, deadline: deadline, sendBy: sendBy)
     }
 
-    /// `submit` through the right pool (see ``APNsClientPool/submit(_:deadline:to:tag:)``).
-    public func submit(_ notification: APNsNotification, app: String, environment: APNsEnvironment, deadline: NIODeadline, to receiver: any APNsOutcomeReceiver, tag: Int = 0) {
+    /// `submit` through the right pool (see ``APNsClientPool/submit(_:deadline:sendBy:to:tag:)``).
+    public func submit(_ notification: APNsNotification, app: String, environment: APNsEnvironment, deadline: NIODeadline, sendBy: NIODeadline = .distantFuture, to receiver: any APNsOutcomeReceiver, tag: Int = 0) {
         guard let pool = pool(app: app, environment: environment) else {
             let outcome = Self.noPool(app: app, environment: environment)
             eventLoopGroup.any().execute { receiver.receive(outcome, tag: tag) }
             return
         }
-        pool.submit(notification, deadline: deadline, to: receiver, tag: tag)
+        pool.submit(notification, deadline: deadline, sendBy: sendBy, to: receiver, tag: tag)
     }
 
     private static func noPool(app: String, environment: APNsEnvironment) -> APNsOutcome {

@@ -50,21 +50,33 @@ final class APNsRequest: Sendable {
     }
 
     let notification: APNsNotification
+    /// When the answer must have arrived: the stream is cancelled then.
     let deadline: NIODeadline
+    /// When the request must have been written: not sent after that (`distantFuture` for none).
+    let sendBy: NIODeadline
     let destination: Destination
     /// Times it was sent again because APNs certainly did not process it.
     let retries: Int
 
-    init(notification: APNsNotification, deadline: NIODeadline, destination: Destination, retries: Int = 0) {
+    init(notification: APNsNotification, deadline: NIODeadline, sendBy: NIODeadline = .distantFuture, destination: Destination, retries: Int = 0) {
         self.notification = notification
         self.deadline = deadline
+        self.sendBy = sendBy
         self.destination = destination
         self.retries = retries
     }
 
+    /// How long it may wait for a stream.
+    var waitsUntil: NIODeadline { min(deadline, sendBy) }
+
     func sentAgain() -> APNsRequest {
-        APNsRequest(notification: notification, deadline: deadline, destination: destination, retries: retries + 1)
+        APNsRequest(notification: notification, deadline: deadline, sendBy: sendBy, destination: destination, retries: retries + 1)
     }
+
+    /// The outcome when it was not written before `sendBy`.
+    static let tooLate = APNsOutcome.notAnswered(APNsNotAnswered(
+        .tooLate, "its send-by time (the job's deadline or expiration) passed before a stream was free; it was not sent", certainlyNotProcessed: true
+    ))
 }
 
 /// One long-lived HTTP/2 connection to APNs: NIO socket, NIOSSL (TLS 1.2+, ALPN h2, verified
@@ -273,9 +285,9 @@ final class APNsConnection: @unchecked Sendable {
     // MARK: Sending (any thread)
 
     /// Sends one request; the pool has already taken a stream of this connection's budget.
-    func execute(_ notification: APNsNotification, deadline: NIODeadline) async -> APNsOutcome {
+    func execute(_ notification: APNsNotification, deadline: NIODeadline, sendBy: NIODeadline) async -> APNsOutcome {
         await withOutcomeContinuation { continuation in
-            enqueue(APNsRequest(notification: notification, deadline: deadline, destination: .caller(continuation)))
+            enqueue(APNsRequest(notification: notification, deadline: deadline, sendBy: sendBy, destination: .caller(continuation)))
         }
     }
 
@@ -341,6 +353,10 @@ final class APNsConnection: @unchecked Sendable {
         }
         if request.deadline <= now {
             finish(request, .notAnswered(APNsNotAnswered(.timeout, "the deadline passed before the request was written", certainlyNotProcessed: true)))
+            return
+        }
+        if request.sendBy <= now {
+            finish(request, APNsRequest.tooLate)
             return
         }
         // Fields are read in place: a copy of the notification would retain and release each.

@@ -96,6 +96,7 @@ public struct APNsNotAnswered: Sendable, Hashable, CustomStringConvertible {
             case refusedStream = "refused stream"
             case goAway = "GOAWAY"
             case timeout = "timeout"
+            case tooLate = "too late"
             case shutdown = "client shut down"
         }
 
@@ -110,6 +111,10 @@ public struct APNsNotAnswered: Sendable, Hashable, CustomStringConvertible {
         public static let goAway = Kind(.goAway)
         /// The request's deadline passed (the stream was cancelled).
         public static let timeout = Kind(.timeout)
+        /// The request's send-by time passed before it could be written: it was not sent. The
+        /// worker sets it from the job's deadline and expiration, so a request that waited for a
+        /// stream cannot reach a device after the job said it must not.
+        public static let tooLate = Kind(.tooLate)
         /// The client was shutting down.
         public static let shutdown = Kind(.shutdown)
 

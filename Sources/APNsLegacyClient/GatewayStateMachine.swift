@@ -53,7 +53,11 @@ struct GatewayStateMachine<Waiter> {
 
     struct Entry {
         var bytes: [UInt8]
+        /// When the caller must have its verdict.
         var deadline: Instant
+        /// When it must have been written (the job's cutoff): not written, or written again,
+        /// after that. Nil for no such limit.
+        var sendBy: Instant?
         /// Nil once the caller has its verdict (e.g. its deadline passed while written): the entry
         /// stays in its window so error-responses are still attributed correctly, and is not re-sent.
         var waiter: Waiter?
@@ -122,13 +126,13 @@ struct GatewayStateMachine<Waiter> {
     // MARK: Callers
 
     /// Queues a notification whose PDU (carrying `identifier`) is `bytes`.
-    mutating func enqueue(identifier: UInt32, bytes: [UInt8], deadline: Instant, waiter: Waiter) -> Actions {
+    mutating func enqueue(identifier: UInt32, bytes: [UInt8], deadline: Instant, sendBy: Instant? = nil, waiter: Waiter) -> Actions {
         var actions = Actions()
         if shuttingDown {
             actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered("the legacy gateway client is shutting down; it was not sent")))
             return actions
         }
-        entries[identifier] = Entry(bytes: bytes, deadline: deadline, waiter: waiter)
+        entries[identifier] = Entry(bytes: bytes, deadline: deadline, sendBy: sendBy, waiter: waiter)
         pending.append(identifier)
         scheduleDrains(&actions)
         return actions
@@ -143,10 +147,12 @@ struct GatewayStateMachine<Waiter> {
         return actions
     }
 
-    /// A write pass on connection `id`: the PDUs to write, in order. Their notifications join
-    /// the connection's window now, so the window's order is the wire's order as long as write
-    /// passes of one connection run one after another (they do, on its event loop).
-    mutating func drain(_ id: UInt64) -> (writes: [[UInt8]], actions: Actions) {
+    /// A write pass on connection `id` at `now`: the PDUs to write, in order. Their notifications
+    /// join the connection's window now, so the window's order is the wire's order as long as
+    /// write passes of one connection run one after another (they do, on its event loop). A
+    /// notification past its deadline or send-by time is answered instead of written (between
+    /// ticks, `tick` has not caught it yet).
+    mutating func drain(_ id: UInt64, now: Instant) -> (writes: [[UInt8]], actions: Actions) {
         var actions = Actions()
         guard var connection = connections[id] else { return ([], actions) }
         connection.drainScheduled = false
@@ -154,8 +160,13 @@ struct GatewayStateMachine<Waiter> {
         if !connection.closing {
             while connection.window.count < configuration.windowSize, let key = pending.popFirst() {
                 guard let entry = entries[key] else { continue }
-                guard entry.waiter != nil else {
+                guard let waiter = entry.waiter else {
                     entries[key] = nil
+                    continue
+                }
+                if let why = tooLateToWrite(entry, now: now) {
+                    entries[key] = nil
+                    actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered(why)))
                     continue
                 }
                 connection.window.append(Written(key: key, writtenAt: nil))
@@ -252,16 +263,13 @@ struct GatewayStateMachine<Waiter> {
             }
             connections[id] = connection
         }
-        if pending.contains(where: { entries[$0].map { now >= $0.deadline } ?? true }) {
+        if pending.contains(where: { entries[$0].map { tooLateToWrite($0, now: now) != nil } ?? true }) {
             var kept: Deque<UInt32> = []
             for key in pending {
                 guard let entry = entries[key] else { continue }
-                if now >= entry.deadline {
+                if let why = tooLateToWrite(entry, now: now) {
                     entries[key] = nil
                     if let waiter = entry.waiter {
-                        let why = connections.isEmpty
-                            ? "the deadline passed with no connection to the gateway; it was not sent"
-                            : "the deadline passed before it could be written; it was not sent"
                         actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered(why)))
                     }
                 } else {
@@ -308,6 +316,24 @@ struct GatewayStateMachine<Waiter> {
     var isIdle: Bool { pending.isEmpty && unconfirmedCount == 0 }
 
     // MARK: Helpers
+
+    /// Why a queued notification must no longer be written at `now`, if it must not.
+    private func tooLateToWrite(_ entry: Entry, now: Instant) -> String? {
+        let passed: String
+        if now >= entry.deadline {
+            passed = "the deadline"
+        } else if let sendBy = entry.sendBy, now >= sendBy {
+            passed = "its send-by time (the job's deadline or expiration)"
+        } else {
+            return nil
+        }
+        if entry.resends > 0 {
+            return "\(passed) passed before it could be written again (the earlier write may have been delivered)"
+        }
+        return connections.isEmpty
+            ? "\(passed) passed with no connection to the gateway; it was not sent"
+            : "\(passed) passed before it could be written; it was not sent"
+    }
 
     private mutating func finish(_ key: UInt32, _ verdict: LegacyGatewayVerdict, _ actions: inout Actions) {
         guard let entry = entries.removeValue(forKey: key), let waiter = entry.waiter else { return }

@@ -119,12 +119,14 @@ public final class LegacyGatewayClient: Service, Sendable {
     /// - Parameters:
     ///   - expiry: unix seconds, 0 for "do not store" (not sent in the simple format).
     ///   - priority: 10 or 5; only the frame format carries it.
+    ///   - sendBy: not written (or written again) after this; the verdict then says so.
     public func send(
         token: [UInt8],
         payload: some Collection<UInt8>,
         expiry: UInt32 = 0,
         priority: UInt8? = nil,
-        timeout: Duration? = nil
+        timeout: Duration? = nil,
+        sendBy: ContinuousClock.Instant? = nil
     ) async -> LegacyGatewayVerdict {
         if let refusal = refusal(token: token, payloadCount: payload.count) {
             metrics.record(refusal)
@@ -148,7 +150,7 @@ public final class LegacyGatewayClient: Service, Sendable {
             priority: configuration.format == .frame ? priority : nil
         ).encoded()
         return await withCheckedContinuation { continuation in
-            let actions = state.withLock { $0.machine.enqueue(identifier: identifier, bytes: bytes, deadline: deadline, waiter: continuation) }
+            let actions = state.withLock { $0.machine.enqueue(identifier: identifier, bytes: bytes, deadline: deadline, sendBy: sendBy, waiter: continuation) }
             execute(actions)
         }
     }
@@ -192,7 +194,7 @@ public final class LegacyGatewayClient: Service, Sendable {
     /// One write pass, on the channel's event loop: everything queued that fits the window goes
     /// out in as few writes as `batchBytes` allows, flushed once per batch.
     private func drain(_ id: UInt64, channel: any Channel) {
-        let pass = state.withLock { $0.machine.drain(id) }
+        let pass = state.withLock { $0.machine.drain(id, now: .now) }
         let writes = pass.writes
         if !writes.isEmpty {
             var batch = channel.allocator.buffer(capacity: min(configuration.batchBytes, writes.reduce(0) { $0 + $1.count }))

@@ -15,14 +15,14 @@ public struct APNsClientSender: NotificationSender {
 
     public func send(_ notification: OutgoingNotification) async -> SendResult {
         let started = NIODeadline.now()
-        let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: started + TimeAmount(requestTimeout))
+        let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: started + TimeAmount(requestTimeout), sendBy: notification.sendBy)
         return SendResult(outcome, latencyMs: started.millisecondsUntilNow)
     }
 
     public func canSubmit(app: String) -> Bool { true }
 
     public func submit(_ notification: OutgoingNotification, to receiver: any APNsOutcomeReceiver) {
-        clients.submit(notification.request, app: notification.app, environment: notification.environment, deadline: .now() + TimeAmount(requestTimeout), to: receiver)
+        clients.submit(notification.request, app: notification.app, environment: notification.environment, deadline: .now() + TimeAmount(requestTimeout), sendBy: notification.sendBy, to: receiver)
     }
 }
 

@@ -53,11 +53,19 @@ public final class LegacyBinarySender: NotificationSender, Service {
             payload: request.payload.bytes,
             expiry: expiry,
             priority: request.priority.map(Self.framePriority),
-            timeout: requestTimeout
+            timeout: requestTimeout,
+            sendBy: Self.continuousInstant(of: notification.sendBy)
         )
         let elapsed = ContinuousClock.now - started
         let latencyMs = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
         return SendResult(attempt: verdict.attemptResult, latencyMs: latencyMs)
+    }
+
+    /// `deadline` on the legacy client's clock; nil for `distantFuture` (no limit).
+    static func continuousInstant(of deadline: NIODeadline) -> ContinuousClock.Instant? {
+        guard deadline != .distantFuture else { return nil }
+        let remaining = Int64(clamping: deadline.uptimeNanoseconds) &- Int64(clamping: NIODeadline.now().uptimeNanoseconds)
+        return ContinuousClock.now + .nanoseconds(remaining)
     }
 
     /// How long a binary notification without an expiration is stored: HTTP/2 leaves the header

@@ -1,5 +1,6 @@
 import APNsClient
 import APNsCore
+import NIOCore
 
 /// One notification as the worker hands it to a transport: the client's request plus what
 /// picks the pool (app and environment).
@@ -13,12 +14,16 @@ public final class OutgoingNotification: Sendable {
     public let token: DeviceToken
     /// The request as the HTTP/2 client sends it; the payload is the producer's exact bytes.
     public let request: APNsNotification
+    /// The job's cutoff (deadline or expiration) on the monotonic clock: a transport does not
+    /// write the notification after it, however long it waited for a stream or a connection.
+    public let sendBy: NIODeadline
 
     /// The notification of `job` for `token`; `apnsID` stays the same across in-process attempts.
     /// Each field is read from where the job is stored, rather than through
     /// `APNsNotification(job:token:)`: handing it the whole `ResolvedJob` copied the job, a
     /// retain for every string inside (counted with uprobes).
-    init(token: DeviceToken, of job: JobInFlight, apnsID: String) {
+    init(token: DeviceToken, of job: JobInFlight, apnsID: String, sendBy: NIODeadline) {
+        self.sendBy = sendBy
         self.app = job.accepted.appName
         self.environment = job.accepted.job.environment
         self.token = token
@@ -32,6 +37,20 @@ public final class OutgoingNotification: Sendable {
             apnsID: apnsID,
             payload: job.accepted.job.job.payload
         )
+    }
+}
+
+extension NIODeadline {
+    /// The monotonic instant of a job's wall-clock `cutoff`, given that the wall clock reads
+    /// `now`. One millisecond after the cutoff, because
+    /// `DeliveryPolicy` still sends within the cutoff's own millisecond: once this passes, the
+    /// policy calls the notification expired.
+    static func sendBy(cutoff: UnixMillis, now: UnixMillis) -> NIODeadline {
+        let (remaining, overflow) = cutoff.value.subtractingReportingOverflow(now.value)
+        if overflow { return cutoff.value > 0 ? .distantFuture : .now() }
+        // Beyond a year the client has nothing to enforce (and TimeAmount could overflow).
+        if remaining > 366 * 86_400_000 { return .distantFuture }
+        return .now() + .milliseconds(max(remaining + 1, 0))
     }
 }
 

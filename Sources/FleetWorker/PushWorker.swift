@@ -3,6 +3,7 @@ import Foundation
 import KafkaTransport
 import Logging
 import Metrics
+import NIOCore
 import ServiceLifecycle
 import Synchronization
 
@@ -431,7 +432,10 @@ public final class PushWorker: Service, Sendable {
     func makeNotification(token: DeviceToken, of job: JobInFlight) -> OutgoingNotification {
         // The same apns-id for every in-process attempt.
         let apnsID = job.accepted.job.job.apnsID ?? random.withLock { UUIDText.random(using: &$0) }
-        return OutgoingNotification(token: token, of: job, apnsID: apnsID)
+        // The wall clock is read only for jobs that have a cutoff.
+        let cutoff = DeliveryPolicy.cutoff(deadline: job.deadline, expiration: job.expiration)
+        let sendBy = cutoff.map { NIODeadline.sendBy(cutoff: $0, now: now()) } ?? .distantFuture
+        return OutgoingNotification(token: token, of: job, apnsID: apnsID, sendBy: sendBy)
     }
 
     /// The outcome when the job's deadline or expiration has already passed; nil to send.

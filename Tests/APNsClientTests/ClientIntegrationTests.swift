@@ -293,6 +293,30 @@ struct ClientIntegrationTests {
         }
     }
 
+    @Test("A request still waiting for a stream at its send-by time is not sent: tooLate")
+    func sendByWhileWaiting() async throws {
+        try await withPool(simulator: {
+            $0.behaviour.latency = .seconds(2)
+            $0.behaviour.maxConcurrentStreams = 1
+        }) { pool, simulator, _ in
+            #expect(await pool.waitUntilReady())
+            async let first = pool.send(Fixture.notification(), timeout: .seconds(10))
+            #expect(await waitFor { pool.statistics.inFlight == 1 })
+            // A suspended caller, then a submitted request: both wait behind the only stream.
+            let waited = await pool.send(Fixture.notification(), deadline: .now() + .seconds(10), sendBy: .now() + .milliseconds(200))
+            #expect(waited.notAnswered?.kind == .tooLate, "\(waited)")
+            #expect(waited.notAnswered?.certainlyNotProcessed == true)
+            let receiver = CollectingReceiver(expected: 1)
+            pool.submit(Fixture.notification(), deadline: .now() + .seconds(10), sendBy: .now() + .milliseconds(200), to: receiver, tag: 7)
+            let submitted = await receiver.all()
+            #expect(submitted[7]?.notAnswered?.kind == .tooLate, "\(String(describing: submitted[7]))")
+            #expect(await first.status == 200)
+            // The stream is free again, yet neither late request went out.
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(simulator.counters.snapshot().totals.requests == 1)
+        }
+    }
+
     @Test("Certificate auth with PEM and PKCS#12")
     func certificateAuth() async throws {
         let credentials = try ClientTestCredentials.make()

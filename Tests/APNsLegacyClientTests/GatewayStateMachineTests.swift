@@ -35,7 +35,7 @@ struct GatewayStateMachineTests {
         #expect(identifiers == Array(1...10))
         let activated = machine.connectionActive(1)
         #expect(activated.drains == [1])
-        let pass = machine.drain(1)
+        let pass = machine.drain(1, now: start)
         #expect(pass.writes.count == 10)
         machine.written(1, count: 10, now: start)
 
@@ -51,7 +51,7 @@ struct GatewayStateMachineTests {
         _ = machine.connectionClosed(1, now: start + .milliseconds(20))
         let next = machine.connectionActive(2)
         #expect(next.drains == [2])
-        let again = machine.drain(2)
+        let again = machine.drain(2, now: start)
         #expect(again.writes == (5...10).map { [UInt8($0)] })
         machine.written(2, count: 6, now: start + .milliseconds(30))
         let quiet = machine.tick(now: start + .milliseconds(1030))
@@ -64,7 +64,7 @@ struct GatewayStateMachineTests {
         var machine = machine()
         enqueue(&machine, 1...2)
         _ = machine.connectionActive(1)
-        _ = machine.drain(1)
+        _ = machine.drain(1, now: start)
         #expect(machine.tick(now: start + .seconds(5)).resumes.isEmpty, "not yet written to the socket")
         machine.written(1, count: 1, now: start + .seconds(5))
         machine.written(1, count: 1, now: start + .milliseconds(5500))
@@ -78,7 +78,7 @@ struct GatewayStateMachineTests {
         var machine = machine(resends: 1)
         enqueue(&machine, 1...3)
         _ = machine.connectionActive(1)
-        _ = machine.drain(1)
+        _ = machine.drain(1, now: start)
         machine.written(1, count: 1, now: start)
         machine.written(1, count: 2, now: start + .milliseconds(600))
         let closed = machine.connectionClosed(1, now: start + .seconds(1))
@@ -86,7 +86,7 @@ struct GatewayStateMachineTests {
         #expect(Array(machine.pending) == [2, 3])
 
         _ = machine.connectionActive(2)
-        _ = machine.drain(2)
+        _ = machine.drain(2, now: start)
         let closedAgain = machine.connectionClosed(2, now: start + .seconds(2))
         let got = verdicts(closedAgain)
         #expect(got.count == 2)
@@ -105,7 +105,7 @@ struct GatewayStateMachineTests {
         var machine = machine()
         enqueue(&machine, 1...3)
         _ = machine.connectionActive(1)
-        _ = machine.drain(1)
+        _ = machine.drain(1, now: start)
         let actions = machine.errorResponse(1, LegacyErrorResponse(status: .processingError, identifier: 999), now: start)
         #expect(actions.resumes.isEmpty)
         #expect(actions.unattributed == LegacyErrorResponse(status: .processingError, identifier: 999))
@@ -117,14 +117,14 @@ struct GatewayStateMachineTests {
         var machine = machine(identifies: false)
         enqueue(&machine, 1...1)
         _ = machine.connectionActive(1)
-        _ = machine.drain(1)
+        _ = machine.drain(1, now: start)
         let alone = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 0), now: start)
         #expect(verdicts(alone) == [1: .rejected(.invalidToken)])
 
         var crowded = self.machine(resends: 0, identifies: false)
         enqueue(&crowded, 1...2)
         _ = crowded.connectionActive(1)
-        _ = crowded.drain(1)
+        _ = crowded.drain(1, now: start)
         let got = verdicts(crowded.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 0), now: start))
         guard case .notAnswered(let why)? = got[1] else {
             Issue.record("\(got)")
@@ -138,13 +138,13 @@ struct GatewayStateMachineTests {
         var machine = machine(window: 2)
         enqueue(&machine, 1...5)
         _ = machine.connectionActive(1)
-        #expect(machine.drain(1).writes.count == 2)
+        #expect(machine.drain(1, now: start).writes.count == 2)
         #expect(machine.pending.count == 3)
         machine.written(1, count: 2, now: start)
         let tick = machine.tick(now: start + .seconds(1))
         #expect(tick.resumes.count == 2)
         #expect(tick.drains == [1], "room again: another write pass")
-        #expect(machine.drain(1).writes.count == 2)
+        #expect(machine.drain(1, now: start).writes.count == 2)
     }
 
     @Test("deadlines: queued notifications are answered unsent; written ones keep their place in the window")
@@ -165,12 +165,48 @@ struct GatewayStateMachineTests {
         let third = machine.takeIdentifier()
         _ = machine.enqueue(identifier: third, bytes: [3], deadline: start + .seconds(10), waiter: 3)
         _ = machine.connectionActive(1)
-        _ = machine.drain(1)
+        _ = machine.drain(1, now: start)
         machine.written(1, count: 2, now: start)
         #expect(machine.tick(now: start + .milliseconds(200)).resumes.map(\.waiter) == [2])
         // The gateway then names the third: the second (already answered) counted as passed.
         let actions = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: third), now: start + .milliseconds(300))
         #expect(verdicts(actions) == [3: .rejected(.invalidToken)])
+    }
+
+    @Test("a write pass answers instead of writing what is past its send-by time or deadline, and writes again only in time")
+    func sendBy() {
+        var machine = machine()
+        _ = machine.connectionActive(1)
+        let late = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: late, bytes: [1], deadline: start + .seconds(10), sendBy: start + .milliseconds(50), waiter: 1)
+        let overdue = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: overdue, bytes: [2], deadline: start + .milliseconds(60), waiter: 2)
+        let inTime = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: inTime, bytes: [3], deadline: start + .seconds(10), sendBy: start + .seconds(1), waiter: 3)
+        // Between ticks: the pass itself must not write the first two.
+        let pass = machine.drain(1, now: start + .milliseconds(70))
+        #expect(pass.writes == [[3]])
+        let answered = verdicts(pass.actions)
+        guard case .notAnswered(let first)? = answered[1], case .notAnswered(let second)? = answered[2] else {
+            Issue.record("\(answered)")
+            return
+        }
+        #expect(first.contains("send-by time") && first.contains("not sent"), "\(first)")
+        #expect(second.contains("deadline passed before it could be written"), "\(second)")
+        #expect(answered[3] == nil)
+
+        // The connection closes inside the quiet period: it is not written again after its send-by.
+        machine.written(1, count: 1, now: start + .milliseconds(70))
+        _ = machine.connectionClosed(1, now: start + .milliseconds(100))
+        _ = machine.connectionActive(2)
+        let again = machine.drain(2, now: start + .seconds(2))
+        #expect(again.writes.isEmpty)
+        guard case .notAnswered(let why)? = verdicts(again.actions)[3] else {
+            Issue.record("\(again.actions.resumes)")
+            return
+        }
+        #expect(why.contains("may have been delivered"), "\(why)")
+        #expect(machine.isIdle)
     }
 
     @Test("shutdown answers what was never written and takes nothing new")

@@ -145,6 +145,35 @@ struct RetryPathTests {
 }
 
 extension RetryPathTests {
+    @Test("a job whose deadline passes while it waits for a stream is expired and never sent")
+    func deadlinePassesWhileWaitingForAStream() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        // One stream, held for 4 s by the first job: the second waits for it past its deadline.
+        behaviour.latency = .seconds(4)
+        behaviour.maxConcurrentStreams = 1
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10)
+        let simulator = fleet.backends.simulator
+        let first = fleet.job(#"{"id":"holder","token":"\#(InProcessFleet.token(1))","payload":{}}"#)
+        let published = Shared(false)
+        let outcome = try await fleet.run([first]) { results, _ in
+            if !published.value, simulator.counters.snapshot().totals.requests == 1 {
+                published.update { $0 = true }
+                // Whole seconds: 1–2 s from now, well inside the first job's 4 s.
+                let deadline = Int(Date().timeIntervalSince1970) + 2
+                try await fleet.publish(fleet.job(#"{"id":"late","token":"\#(InProcessFleet.token(2))","deadline":\#(deadline),"payload":{}}"#))
+            }
+            return results.count >= 2
+        }
+        let byJob = Dictionary(outcome.results.map { ($0.jobID, $0) }, uniquingKeysWith: { first, _ in first })
+        #expect(byJob["holder"]?.outcome == .delivered)
+        let late = try #require(byJob["late"])
+        #expect(late.outcome == .expired, "\(late.outcome): \(late.reason ?? "")")
+        #expect(late.reason?.contains("send-by time") == true, "\(late.reason ?? "")")
+        #expect(simulator.counters.snapshot().totals.requests == 1, "the late job never reached APNs")
+        #expect(outcome.results.count == 2)
+        #expect(outcome.offsetsAtEnd)
+    }
+
     @Test("a retry record waiting for its not-before is handed back at revocation instead of holding up the drain")
     func waitingRetryIsHandedBackOnClose() async throws {
         let fleet = try await InProcessFleet.start(behaviour: .init(), retry: RetryPolicy(), maxInFlight: 10)
