@@ -255,7 +255,8 @@ public struct KafkaConsumerConfiguration: Sendable {
             ("auto.offset.reset", autoOffsetReset),
             ("session.timeout.ms", String(max(1, sessionTimeout.milliseconds))),
             ("enable.partition.eof", "false"),
-            // Bound prefetching: 16 MiB per partition instead of 64 MiB.
+            // Bound prefetching: librdkafka stops fetching while the consumer's local queue holds
+            // 16 MiB (its default is 64 MiB). One queue for all assigned partitions.
             ("queued.max.messages.kbytes", "16384"),
         ]
         let clientProperties = client.rdKafkaProperties().filter {

@@ -126,6 +126,9 @@ struct PublishCommand: AsyncParsableCommand {
         var logger = Logger(label: "apns-fleet.publish") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = .warning
         let topic = kafkaTopic ?? fleet.topics.jobs
+        // The input is read and checked before Kafka is involved: a bad line or a missing file is
+        // reported at once, not after a producer started (and possibly waited on the brokers).
+        let messages = generate == nil ? try records(topic: topic) : []
         var client = KafkaClientConfiguration(settings: fleet.kafka, clientID: "apns-fleet-publish")
         client.statisticsInterval = nil
         var producerConfiguration = KafkaProducerConfiguration(client: client)
@@ -149,7 +152,6 @@ struct PublishCommand: AsyncParsableCommand {
             }
             progress.finish()
         } else {
-            let messages = try records(topic: topic)
             var progress = ProgressLine(label: "publishing", total: messages.count)
             summary = try await publisher.publish(messages) { progress.update($0) }
             progress.finish()
