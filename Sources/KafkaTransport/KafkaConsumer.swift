@@ -132,8 +132,8 @@ public final class KafkaConsumer: Service, Sendable {
     /// The offset stored (or about to be) for a partition: one past its finished prefix.
     public func storedOffset(_ partition: TopicPartition) -> Int64? { core.storableOffset(partition) }
 
-    /// Consumer lag per assigned partition: the high watermark (from the latest fetch) minus the
-    /// offset that would be committed now. Also published as the gauge `kafka.consumer.lag`.
+    /// Consumer lag per assigned partition: the high watermark (from the latest fetch, or asked
+    /// of the brokers while the partition is paused) minus the offset that would be committed now. Also published as the gauge `kafka.consumer.lag`.
     public func lag() -> [TopicPartition: Int64] { core.lag(handle.pointer) }
 
     /// Closes the consumer as at shutdown: ends ``batches``, drains, commits, leaves the group.
@@ -235,6 +235,9 @@ final class ConsumerCore: @unchecked Sendable {
     private var offsetsDirty = false
     private var pollWaitingForSpace = false
     private var appliedPauses: Set<TopicPartition> = []
+    /// High watermarks of paused partitions, asked of the brokers (`refreshPausedHighs`): the
+    /// ones librdkafka caches come from fetches, which stop while a partition is paused.
+    private var queriedHighs: [TopicPartition: Int64] = [:]
     /// Bumped whenever records are taken or released; the stall check compares it over time
     /// (cheaper than reading the clock per record).
     private var progress: UInt64 = 0
@@ -442,20 +445,22 @@ final class ConsumerCore: @unchecked Sendable {
         // Counted from the finished prefix; before anything finished this assignment, from the
         // oldest record still in flight (a first record stuck shows its whole backlog), and only
         // with nothing in flight from librdkafka's position.
-        let snapshot: [(TopicPartition, Int64?)] = locked {
+        let snapshot: [(TopicPartition, Int64?, Int64)] = locked {
             applyCompletionsLocked()
-            return assigned.map { ($0, tracker.storableOffset($0) ?? tracker.oldestUnfinished($0)) }
+            return assigned.map { ($0, tracker.storableOffset($0) ?? tracker.oldestUnfinished($0), queriedHighs[$0] ?? -1) }
         }
         guard !snapshot.isEmpty else { return [:] }
         let list = TopicPartitionList(snapshot.map(\.0))
         rd_kafka_position(rk, list.pointer)
         let positions = TopicPartitionList.read(list.pointer)
         var out: [TopicPartition: Int64] = [:]
-        for (index, (partition, storable)) in snapshot.enumerated() {
+        for (index, (partition, storable, queried)) in snapshot.enumerated() {
             var low: Int64 = -1
             var high: Int64 = -1
             let error = rd_kafka_get_watermark_offsets(rk, partition.topic, partition.partition, &low, &high)
-            guard error == RD_KAFKA_RESP_ERR_NO_ERROR, high >= 0 else { continue }
+            if error != RD_KAFKA_RESP_ERR_NO_ERROR { high = -1 }
+            high = max(high, queried)
+            guard high >= 0 else { continue }
             let position = positions[index].1
             guard let consumed = storable ?? (position >= 0 ? position : nil) else { continue }
             out[partition] = max(0, high - consumed)
@@ -493,6 +498,7 @@ final class ConsumerCore: @unchecked Sendable {
         var batch: [KafkaRecord] = []
         batch.reserveCapacity(configuration.maxBatchSize)
         var nextHousekeeping = ContinuousClock.now
+        var nextPausedQuery = ContinuousClock.now
         var stallReported = false
         var lastProgress = (count: UInt64(0), at: ContinuousClock.now)
 
@@ -550,6 +556,10 @@ final class ConsumerCore: @unchecked Sendable {
             let now = ContinuousClock.now
             if now >= nextHousekeeping {
                 nextHousekeeping = now + .seconds(1)
+                if !rdPaused.isEmpty, now >= nextPausedQuery {
+                    nextPausedQuery = now + Self.pausedHighsInterval
+                    refreshPausedHighs(rk)
+                }
                 publishLag(rk)
                 stallReported = checkStall(now: now, last: &lastProgress, alreadyReported: stallReported)
             }
@@ -703,6 +713,29 @@ final class ConsumerCore: @unchecked Sendable {
         let error = rd_kafka_offsets_for_times(rk, list.pointer, 1)
         if error != RD_KAFKA_RESP_ERR_NO_ERROR, error != RD_KAFKA_RESP_ERR__TIMED_OUT {
             logger.debug("could not wake the fetchers after a resume", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
+        }
+    }
+
+    /// How often paused partitions' high watermarks are asked of the brokers.
+    static let pausedHighsInterval: Duration = .seconds(2)
+
+    /// Asks the brokers for the high watermarks of the paused partitions, so that their lag keeps
+    /// growing with the backlog while nothing is fetched (an APNs outage holding every slot is
+    /// when the lag matters most). One ListOffsets per leader ("latest", timestamp -1); it waits
+    /// at most 200 ms, and a partition without an answer keeps its previous figure.
+    private func refreshPausedHighs(_ rk: OpaquePointer) {
+        let list = TopicPartitionList(capacity: rdPaused.count)
+        for partition in rdPaused { list.add(partition, offset: -1) }
+        let error = rd_kafka_offsets_for_times(rk, list.pointer, 200)
+        if error != RD_KAFKA_RESP_ERR_NO_ERROR, error != RD_KAFKA_RESP_ERR__TIMED_OUT {
+            logger.debug("could not read the high watermarks of paused partitions", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
+        }
+        let answers = TopicPartitionList.read(list.pointer).filter { $0.2 == RD_KAFKA_RESP_ERR_NO_ERROR && $0.1 >= 0 }
+        guard !answers.isEmpty else { return }
+        locked {
+            for (partition, high, _) in answers where assigned.contains(partition) {
+                queriedHighs[partition] = max(queriedHighs[partition] ?? -1, high)
+            }
         }
     }
 
@@ -883,7 +916,10 @@ final class ConsumerCore: @unchecked Sendable {
             storedOffsetGauges.removeValue(forKey: partition)?.destroy()
             lagGauges.removeValue(forKey: partition)?.destroy()
         }
-        locked { appliedPauses.subtract(partitions) }
+        locked {
+            appliedPauses.subtract(partitions)
+            for partition in partitions { queriedHighs.removeValue(forKey: partition) }
+        }
     }
 
     /// Stops dispatching `partitions`, asks the revocation hook to finish their work, and waits

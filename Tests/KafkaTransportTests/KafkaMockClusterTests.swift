@@ -190,6 +190,10 @@ struct KafkaMockClusterTests {
                 try await Task.sleep(for: .seconds(1.5))
                 #expect(received.count == 10)
                 #expect(consumer.assignment.count == 2, "still in the group: polling went on")
+                // Nothing is fetched, yet the lag grows with the backlog: the brokers are asked.
+                try await waitUntil("the lag to count the records produced while paused") {
+                    consumer.lag().values.reduce(0, +) == 20
+                }
 
                 consumer.resumeAll()
                 try await waitUntil("the 20 records produced while paused") { received.count >= 30 }
