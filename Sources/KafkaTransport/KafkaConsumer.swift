@@ -875,6 +875,9 @@ final class ConsumerCore: @unchecked Sendable {
 
         default:
             logger.error("rebalance error", metadata: ["kafka.error": "\(KafkaError.errorName(event))"])
+            // Defensive: librdkafka 2.0.2 raises rebalances only with assign or revoke (every
+            // rd_kafka_rebalance_op call in rdkafka_cgrp.c). Under the cooperative protocol it
+            // refuses a plain assign, so both sides keep the assignment as it is.
             if !cooperative {
                 // Everything is unassigned: as when an assignment is lost, in-flight work is
                 // abandoned (the group redoes it) and the partitions stop being reported.
