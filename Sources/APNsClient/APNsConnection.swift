@@ -75,7 +75,7 @@ final class APNsRequest: Sendable {
 
     /// The outcome when it was not written before `sendBy`.
     static let tooLate = APNsOutcome.notAnswered(APNsNotAnswered(
-        .tooLate, "its send-by time (the job's deadline or expiration) passed before a stream was free; it was not sent", certainlyNotProcessed: true
+        .tooLate, "its send-by time (the job's deadline or expiration) passed before it was written; it was not sent", certainlyNotProcessed: true
     ))
 }
 

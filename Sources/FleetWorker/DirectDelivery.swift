@@ -58,7 +58,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
             recordAddedLatency(answeredAt: now, response: response)
         }
         let sent = SendResult(outcome, latencyMs: sentAt.milliseconds(until: now))
-        switch worker.afterSending(sent, job: job, token: notification.token, progress: &progress) {
+        switch worker.afterSending(sent, job: job, token: notification.token, sendBy: notification.sendBy, progress: &progress) {
         case .done(let finished):
             publish(worker.outcomeMessage(finished, of: job, record: record))
         case .retryInProcess(let delay):

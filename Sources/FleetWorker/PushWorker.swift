@@ -406,7 +406,7 @@ public final class PushWorker: Service, Sendable {
             if let finished = finishedBeforeSending(job, token: token, progress: progress) { return finished }
             progress.attempts += 1
             let sent = await sender.send(notification)
-            switch afterSending(sent, job: job, token: token, progress: &progress) {
+            switch afterSending(sent, job: job, token: token, sendBy: notification.sendBy, progress: &progress) {
             case .done(let outcome):
                 return outcome
             case .retryInProcess(let delay):
@@ -454,13 +454,15 @@ public final class PushWorker: Service, Sendable {
     /// What to do after an attempt: finish with a result, retry later through the retry topic,
     /// or wait and retry in process.
     @inline(never)
-    func afterSending(_ sent: SendResult, job: JobInFlight, token: DeviceToken, progress: inout SendProgress) -> NextStep {
+    func afterSending(_ sent: SendResult, job: JobInFlight, token: DeviceToken, sendBy: NIODeadline, progress: inout SendProgress) -> NextStep {
         progress.last = sent
         progress.totalLatency += sent.latencyMs
         let attempt = progress.attempts
         let decision = policy.after(
             attempt: attempt, result: sent.attempt, now: now(),
-            deadline: job.deadline, expiration: job.expiration, jitter: random.withLock { $0.nextUnit() }
+            deadline: job.deadline, expiration: job.expiration,
+            cutoffPassed: sent.attempt.isNotAnswered && sendBy <= .now(),
+            jitter: random.withLock { $0.nextUnit() }
         )
         switch decision {
         case .finish(let outcome, let status, let reason):

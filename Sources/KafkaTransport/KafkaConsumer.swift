@@ -132,8 +132,8 @@ public final class KafkaConsumer: Service, Sendable {
     /// The offset stored (or about to be) for a partition: one past its finished prefix.
     public func storedOffset(_ partition: TopicPartition) -> Int64? { core.storableOffset(partition) }
 
-    /// Consumer lag per assigned partition: the high watermark (from the latest fetch, or asked
-    /// of the brokers while the partition is paused) minus the offset that would be committed now. Also published as the gauge `kafka.consumer.lag`.
+    /// Consumer lag per assigned partition: the high watermark (from the latest fetch; asked of
+    /// the brokers while paused) minus the offset that would be committed now. Also published as the gauge `kafka.consumer.lag`.
     public func lag() -> [TopicPartition: Int64] { core.lag(handle.pointer) }
 
     /// Closes the consumer as at shutdown: ends ``batches``, drains, commits, leaves the group.
@@ -722,11 +722,12 @@ final class ConsumerCore: @unchecked Sendable {
     /// Asks the brokers for the high watermarks of the paused partitions, so that their lag keeps
     /// growing with the backlog while nothing is fetched (an APNs outage holding every slot is
     /// when the lag matters most). One ListOffsets per leader ("latest", timestamp -1); it waits
-    /// at most 200 ms, and a partition without an answer keeps its previous figure.
+    /// at most 50 ms (the poll thread serves rebalances and resumes meanwhile; a broker answers
+    /// within a millisecond or two), and a partition without an answer keeps its previous figure.
     private func refreshPausedHighs(_ rk: OpaquePointer) {
         let list = TopicPartitionList(capacity: rdPaused.count)
         for partition in rdPaused { list.add(partition, offset: -1) }
-        let error = rd_kafka_offsets_for_times(rk, list.pointer, 200)
+        let error = rd_kafka_offsets_for_times(rk, list.pointer, 50)
         if error != RD_KAFKA_RESP_ERR_NO_ERROR, error != RD_KAFKA_RESP_ERR__TIMED_OUT {
             logger.debug("could not read the high watermarks of paused partitions", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
         }

@@ -57,6 +57,18 @@ struct DeliveryPolicyTests {
             == .finish(.expired, status: nil, reason: "request timed out after 10 s; deadline 2025-12-31T23:59:59.000Z passed before APNs accepted the notification"))
     }
 
+    @Test("past the cutoff by the transport's monotonic clock, it is expired even if the wall clock stepped back")
+    func cutoffPassedByTheMonotonicClock() {
+        // The wall clock reads a second before the deadline; the transport says its send-by passed.
+        let lateByTransport = policy.after(
+            attempt: 4, result: .notAnswered("too late"), now: now, deadline: now.seconds + 1, expiration: nil, cutoffPassed: true, jitter: 1
+        )
+        #expect(lateByTransport == .finish(.expired, status: nil, reason: "too late; deadline 2026-01-01T00:00:01.000Z passed before APNs accepted the notification"))
+        // Without the flag, the same attempt is the last one and fails.
+        let byWallClock = policy.after(attempt: 4, result: .notAnswered("too late"), now: now, deadline: now.seconds + 1, expiration: nil, jitter: 1)
+        #expect(byWallClock == .finish(.failed, status: nil, reason: "too late (gave up after 4 attempts)"))
+    }
+
     @Test("a job already past its deadline is not sent at all")
     func beforeSending() {
         #expect(policy.beforeSending(now: now, deadline: now.seconds - 1, expiration: nil)

@@ -5,6 +5,11 @@ public enum AttemptResult: Sendable, Hashable {
     /// No answer: the connection failed, the stream was refused, or the request's deadline
     /// passed. The text says which, and becomes `last-reason` / the result's reason.
     case notAnswered(String)
+
+    public var isNotAnswered: Bool {
+        if case .notAnswered = self { return true }
+        return false
+    }
 }
 
 /// What to do next with a notification after an attempt, or before the first one.
@@ -50,12 +55,16 @@ public struct DeliveryPolicy: Sendable, Hashable {
     /// `jitter` is a uniform random number in [0, 1], passed in so tests are deterministic.
     /// `now` and `jitter` are read only when the attempt did not settle the notification: most
     /// answers are a 200, and they cost a clock reading and a random draw otherwise.
+    /// `cutoffPassed` says that the caller's monotonic clock is past the cutoff already (the
+    /// transport refused to write it that late): a wall clock stepped back must not turn that
+    /// into another attempt, or into `failed`.
     public func after(
         attempt: Int,
         result: AttemptResult,
         now: @autoclosure () -> UnixMillis,
         deadline: Int64?,
         expiration: Int64?,
+        cutoffPassed: Bool = false,
         jitter: @autoclosure () -> Double
     ) -> DeliveryDecision {
         var lastStatus: Int?
@@ -74,7 +83,7 @@ public struct DeliveryPolicy: Sendable, Hashable {
         }
 
         // Past the job's cutoff the answer is that it expired, even on its last attempt.
-        if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), now() > cutoff {
+        if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), cutoffPassed || now() > cutoff {
             return .finish(.expired, status: lastStatus, reason: "\(lastReason); \(Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff))")
         }
         guard attempt < retry.maxAttempts else {
