@@ -51,7 +51,7 @@ public final class PushWorker: Service, Sendable {
     private let now: @Sendable () -> UnixMillis
     private let outcomeCounters = OutcomeCounters()
     /// From taking a one-token job's record from librdkafka to its request's HEADERS going to the
-    /// HTTP/2 session, first attempts only: the latency the worker itself adds (DESIGN.md's
+    /// HTTP/2 session, first attempts only: the latency the worker itself adds (docs/design.md's
     /// "job in Kafka → request on the wire", without the time in Kafka).
     let addedLatency = Timer(label: "apns.worker.added_latency")
     /// Steps of direct deliveries that must wait (an in-process retry's delay, publishing again

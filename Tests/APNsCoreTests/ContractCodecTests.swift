@@ -14,7 +14,7 @@ private func sampleResult(meta: RawJSON? = RawJSON(#"{"campaign":"shipping-updat
 
 @Suite("Result, token event and header codecs")
 struct ContractCodecTests {
-    @Test("a result encodes to the DESIGN.md shape and decodes back unchanged")
+    @Test("a result encodes to the docs/design.md shape and decodes back unchanged")
     func resultRoundTrip() throws {
         let result = sampleResult()
         let text = String(decoding: result.encoded(), as: UTF8.self)
@@ -161,7 +161,7 @@ struct ReasonTableTests {
         #expect(LegacyErrorStatus(code: 10).meaning == "Unknown status 10")
     }
 
-    @Test("outcomes follow DESIGN.md's status mapping")
+    @Test("outcomes follow docs/design.md's status mapping")
     func outcomes() {
         #expect(NotificationResult.outcome(forStatus: 200) == .delivered)
         for status in [400, 403, 404, 405, 410, 413] {

@@ -18,7 +18,7 @@ private func headerRejection(_ headers: [(String, String)], value: [UInt8] = pay
 
 @Suite("Job in headers plus raw payload")
 struct HeaderJobTests {
-    @Test("all DESIGN.md headers are read, and the record value is the payload as is")
+    @Test("all docs/design.md headers are read, and the record value is the payload as is")
     func allHeaders() throws {
         let job = try headerJob([
             ("apns-token", tokenA), ("apns-topic", "com.example.app"), ("apns-push-type", "background"),

@@ -38,7 +38,7 @@ struct JobEnvelopeTests {
         #expect(job.encoding == .envelope)
     }
 
-    @Test("every field of the DESIGN.md example is read")
+    @Test("every field of the docs/design.md example is read")
     func fullExample() throws {
         let text = """
             {

@@ -50,7 +50,7 @@ private let yaml = """
 
 @Suite("Configuration loading")
 struct ConfigurationLoaderTests {
-    @Test("no file, no environment: DESIGN.md's defaults")
+    @Test("no file, no environment: docs/design.md's defaults")
     func defaults() async throws {
         let configuration = try await ConfigurationLoader().load()
         #expect(configuration.kafka.bootstrapServers == "127.0.0.1:9092")

@@ -156,7 +156,7 @@ public struct KafkaSettings: Sendable {
     }
 }
 
-/// Kafka topic names; DESIGN.md's defaults.
+/// Kafka topic names; docs/design.md's defaults.
 public struct TopicNames: Sendable, Hashable {
     public var jobs: String
     public var retry: String

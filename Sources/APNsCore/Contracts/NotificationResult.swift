@@ -88,7 +88,7 @@ public struct NotificationResult: Sendable, Hashable {
         self.source = source
     }
 
-    /// The outcome DESIGN.md assigns to an APNs status code.
+    /// The outcome docs/design.md assigns to an APNs status code.
     public static func outcome(forStatus status: Int) -> Outcome {
         switch status {
         case 200: .delivered

@@ -22,7 +22,7 @@ public enum DeliveryDecision: Sendable, Hashable {
     case retryLater(notBefore: UnixMillis, lastReason: String)
 }
 
-/// DESIGN.md's retry rules as a pure function, so that every path through them is unit-tested
+/// docs/design.md's retry rules as a pure function, so that every path through them is unit-tested
 /// and the worker only executes the decision.
 ///
 /// - 200 is delivered; final and token-invalidating reasons are rejected at once.
