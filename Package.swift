@@ -325,7 +325,7 @@ let package = Package(
         ),
         .testTarget(
             name: "FleetLoadTests",
-            dependencies: ["FleetLoad", "APNsCore"],
+            dependencies: ["FleetLoad", "APNsCore", "KafkaTransport"],
             swiftSettings: strictSettings
         ),
         .testTarget(

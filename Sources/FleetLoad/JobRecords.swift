@@ -1,7 +1,7 @@
 import APNsCore
 import KafkaTransport
 
-/// The two job encodings of DESIGN.md, as a producer writes them.
+/// The two job encodings of docs/design.md, as a producer writes them.
 public enum JobEncodingChoice: String, Sendable, CaseIterable {
     /// The JSON envelope, sent exactly as written.
     case json

@@ -1,4 +1,5 @@
 import APNsCore
+import KafkaTransport
 import Synchronization
 
 /// What one load run expects and what came back: every token of every job against its result,
@@ -38,6 +39,10 @@ public final class RunTally: Sendable {
         public var tokenEvents = 0
         public var distinctTokenEvents = 0
         public var deadLetters = 0
+        /// Records the reader never saw: gaps in a partition's offsets. kafka-dev keeps about
+        /// 5 MiB per partition, so a reader that falls further behind finds the oldest gone, and
+        /// the run can then never complete.
+        public var recordsSkipped = 0
         /// Each counted (first) result's timing, in the order they were read.
         public var timings: [ResultTiming] = []
 
@@ -55,6 +60,8 @@ public final class RunTally: Sendable {
         var answered: [String: [String: Int64]] = [:]
         var early: [String: [NotificationResult]] = [:]
         var eventKeys: Set<String> = []
+        /// The next offset the reader expects, by partition.
+        var nextOffsets: [TopicPartition: Int64] = [:]
     }
 
     private let state = Mutex(State())
@@ -98,6 +105,25 @@ public final class RunTally: Sendable {
             state.snapshot.tokenEvents += 1
             if state.eventKeys.insert(tokenEvent.key).inserted { state.snapshot.distinctTokenEvents += 1 }
         }
+    }
+
+    /// Notes where the reader is in each partition of `batch` (records in offset order per
+    /// partition, as the consumer hands them out); a jump forward counts as skipped records.
+    public func noteRead(_ batch: [KafkaRecord]) {
+        state.withLock { state in
+            for record in batch {
+                let partition = record.topicPartition
+                if let next = state.nextOffsets[partition], record.offset > next {
+                    state.snapshot.recordsSkipped += Int(record.offset - next)
+                }
+                state.nextOffsets[partition] = record.offset + 1
+            }
+        }
+    }
+
+    /// Why a run cannot complete once records were skipped, for the user.
+    public static func skippedRecordsMessage(_ count: Int) -> String {
+        "the result reader fell behind and \(count) records were gone before it read them (kafka-dev keeps about 5 MiB per partition and drops the oldest): lower --jobs or --rate"
     }
 
     public func recordDeadLetter() {

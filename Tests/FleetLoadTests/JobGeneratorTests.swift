@@ -1,5 +1,6 @@
 import APNsCore
 import FleetLoad
+import KafkaTransport
 import Testing
 
 @Suite("Job generator and run tally")
@@ -47,6 +48,22 @@ struct JobGeneratorTests {
         #expect(throws: JobMixError.self) { try JobMix(parsing: "good=-1") }
         #expect(throws: JobMixError.self) { try JobMix(parsing: "good=0") }
         #expect((try? JobMix(parsing: "good=3, fanout=1"))?.description == "good=3,fanout=1")
+    }
+
+    @Test("the tally counts records the reader never saw: gaps in a partition's offsets")
+    func skippedRecords() {
+        let tally = RunTally(idPrefix: "run")
+        func records(_ partition: Int32, _ offsets: [Int64]) -> [KafkaRecord] {
+            offsets.map { KafkaRecord(topic: "apns.results", partition: partition, offset: $0, key: nil, value: [], headers: [], timestamp: nil, assignmentEpoch: 1) }
+        }
+        // The first record of a partition is where the reader starts, whatever its offset.
+        tally.noteRead(records(0, [500, 501, 502]) + records(1, [0, 1]))
+        tally.noteRead(records(1, [2, 3]))
+        #expect(tally.snapshot.recordsSkipped == 0)
+        // kafka-dev dropped 503..<900 before the reader got there.
+        tally.noteRead(records(0, [900, 901]))
+        #expect(tally.snapshot.recordsSkipped == 397)
+        #expect(RunTally.skippedRecordsMessage(397).contains("lower --jobs or --rate"))
     }
 
     @Test("the tally matches results to expectations, counts duplicates and mismatches")

@@ -53,6 +53,7 @@ struct DemoRun {
             group.addTask { try await reader.run() }
             group.addTask {
                 for try await batch in reader.batches {
+                    tally.noteRead(batch)
                     for record in batch {
                         if record.topic == topics.results {
                             if let result = try? NotificationResult(decoding: record.value) {
@@ -99,6 +100,10 @@ struct DemoRun {
                 }
                 if let dead = processes.first(where: { !$0.isRunning }) {
                     failure = "\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())"
+                    break
+                }
+                if snapshot.recordsSkipped > 0 {
+                    failure = RunTally.skippedRecordsMessage(snapshot.recordsSkipped)
                     break
                 }
                 if ContinuousClock.now > deadline {

@@ -75,6 +75,7 @@ struct FleetBench {
             group.addTask { try await reader.run() }
             group.addTask {
                 for try await batch in reader.batches {
+                    tally.noteRead(batch)
                     for record in batch {
                         if let result = try? NotificationResult(decoding: record.value) { tally.record(result, derivedIDPrefix: derivedPrefix) }
                     }
@@ -101,6 +102,7 @@ struct FleetBench {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
+                if snapshot.recordsSkipped > 0 { throw CommandFailure(RunTally.skippedRecordsMessage(snapshot.recordsSkipped)) }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
                     throw CommandFailure("\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())")
                 }
