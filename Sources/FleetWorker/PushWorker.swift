@@ -54,6 +54,11 @@ public final class PushWorker: Service, Sendable {
     /// HTTP/2 session, first attempts only: the latency the worker itself adds (docs/design.md's
     /// "job in Kafka → request on the wire", without the time in Kafka).
     let addedLatency = Timer(label: "apns.worker.added_latency")
+    /// Warnings that come one per job or per notification, throttled apart (see `LogThrottle`):
+    /// a broken producer or an APNs outage must not bury everything else in the log.
+    private let invalidJobLogs = LogThrottle()
+    private let gaveUpLogs = LogThrottle()
+    let publishRetryLogs = LogThrottle()
     /// Steps of direct deliveries that must wait (an in-process retry's delay, publishing again
     /// after Kafka refused): run as tasks under `run()`, so that a shutdown cancels them as it
     /// cancels the task path.
@@ -303,13 +308,16 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     private func rejectionMessages(_ rejected: RejectedJob, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         // A producer sends jobs that can never be sent: worth a warning, without tokens in full.
-        logger.warning("job is invalid; sent to the DLQ", metadata: [
-            "job.id": "\(rejected.results.first?.jobID ?? "")",
-            "apns.token": "\(Self.shortToken(rejected.results.first?.token ?? ""))",
-            "job.tokens": "\(rejected.results.count)",
-            "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
-            "job.reason": "\(rejected.rejection.reason)",
-        ])
+        let admission = invalidJobLogs.admit()
+        if admission.log {
+            logger.warning("job is invalid; sent to the DLQ", metadata: admission.metadata.merging([
+                "job.id": "\(rejected.results.first?.jobID ?? "")",
+                "apns.token": "\(Self.shortToken(rejected.results.first?.token ?? ""))",
+                "job.tokens": "\(rejected.results.count)",
+                "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
+                "job.reason": "\(rejected.rejection.reason)",
+            ]) { $1 })
+        }
         Counter(label: "apns.worker.dlq", dimensions: [("topic", record.topic)]).increment()
         var messages = rejected.results.map { resultMessage($0) }
         messages.append(KafkaOutgoingMessage(
@@ -489,11 +497,19 @@ public final class PushWorker: Service, Sendable {
     /// One line per finished notification: debug when APNs settled it, warning when the worker
     /// gave up (retries exhausted, or past the deadline). Never the full token.
     private func logFinished(_ job: JobInFlight, token: DeviceToken, outcome: Outcome, status: Int?, reason: String?, attempts: Int) {
-        let level: Logger.Level = outcome == .failed || outcome == .expired ? .warning : .debug
-        logger.log(level: level, "notification \(outcome.rawValue)", metadata: [
+        let gaveUp = outcome == .failed || outcome == .expired
+        let level: Logger.Level = gaveUp ? .warning : .debug
+        guard logger.logLevel <= level else { return }
+        var metadata: Logger.Metadata = [
             "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
             "apns.status": "\(status.map(String.init) ?? "none")", "apns.reason": "\(reason ?? "none")", "apns.attempts": "\(attempts)",
-        ])
+        ]
+        if gaveUp {
+            let admission = gaveUpLogs.admit()
+            guard admission.log else { return }
+            metadata.merge(admission.metadata) { $1 }
+        }
+        logger.log(level: level, "notification \(outcome.rawValue)", metadata: metadata)
     }
 
     /// A token for logs: the first 8 hex digits, enough to correlate and not enough to target a device.

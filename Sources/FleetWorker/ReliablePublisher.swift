@@ -9,6 +9,8 @@ import Synchronization
 struct ReliablePublisher: Sendable {
     let producer: KafkaProducer
     let logger: Logger
+    /// A Kafka outage fails every message: one warning each would flood the log.
+    private let retryLogs = LogThrottle()
 
     /// Returns false only when the task is cancelled first: the caller's record then stays
     /// unfinished and is redone after its partition moves (duplicates allowed, losses not).
@@ -75,7 +77,9 @@ struct ReliablePublisher: Sendable {
         }
         let failed = outcome.failures
         for (index, error) in failed {
-            logger.warning("publishing failed; will retry", metadata: ["kafka.topic": "\(messages[index].topic)", "error": "\(error)"])
+            let admission = retryLogs.admit()
+            guard admission.log else { continue }
+            logger.warning("publishing failed; will retry", metadata: admission.metadata.merging(["kafka.topic": "\(messages[index].topic)", "error": "\(error)"]) { $1 })
         }
         return failed.map { (messages[$0.index], $0.error) }
     }

@@ -1,4 +1,5 @@
 import APNsCore
+import Logging
 import Synchronization
 import Testing
 
@@ -102,5 +103,20 @@ struct FlowControlTests {
         #expect(await other == .due)
         #expect(clock.now - early < .seconds(10))
         #expect(waits.count == 0)
+    }
+
+    @Test("a flood of one warning: the first lines of each interval go out, the next one says how many were left out")
+    func logThrottle() {
+        let start = ContinuousClock.now
+        let throttle = LogThrottle(burst: 3, interval: .seconds(10), now: start)
+        let first = (0..<10).map { throttle.admit(now: start + .milliseconds($0)) }
+        #expect(first.map(\.log) == [true, true, true] + Array(repeating: false, count: 7))
+        #expect(first.allSatisfy { $0.leftOut == 0 })
+        // The next interval: lines go out again, the first one carrying the count.
+        let next = throttle.admit(now: start + .seconds(10))
+        #expect(next.log && next.leftOut == 7)
+        #expect(next.metadata["log.left_out"] == "7")
+        let after = throttle.admit(now: start + .seconds(11))
+        #expect(after.log && after.leftOut == 0 && after.metadata.isEmpty)
     }
 }
