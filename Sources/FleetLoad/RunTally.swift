@@ -107,11 +107,12 @@ public final class RunTally: Sendable {
         }
     }
 
-    /// Notes where the reader is in each partition of `batch` (records in offset order per
-    /// partition, as the consumer hands them out); a jump forward counts as skipped records.
-    public func noteRead(_ batch: [KafkaRecord]) {
+    /// Notes where the reader is in each partition of `topic` in `batch` (records in offset order
+    /// per partition, as the consumer hands them out); a jump forward counts as skipped records.
+    /// Only meaningful against kafka-dev: a real broker's compaction and retention leave gaps too.
+    public func noteRead(_ batch: [KafkaRecord], topic: String) {
         state.withLock { state in
-            for record in batch {
+            for record in batch where record.topic == topic {
                 let partition = record.topicPartition
                 if let next = state.nextOffsets[partition], record.offset > next {
                     state.snapshot.recordsSkipped += Int(record.offset - next)

@@ -191,12 +191,20 @@ public final class FeedbackWorker: Service, Sendable {
         lastPolls.withLock { $0[service.app] = true }
         Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "ok")]).increment()
         var events: [TokenEvent] = []
+        // One line per poll, not per tuple: a broken service could send thousands.
+        var unusable: (count: Int, tokenBytes: Set<Int>) = (0, [])
         for tuple in tuples {
             guard let event = TokenEvent(feedback: tuple, topic: service.topic, app: service.app) else {
-                logger.warning("feedback tuple carries no valid device token; skipped", metadata: ["app": "\(service.app)", "token.bytes": "\(tuple.token.count)"])
+                unusable.count += 1
+                unusable.tokenBytes.insert(tuple.token.count)
                 continue
             }
             if ledger.withLock({ $0.admit(event) }) { events.append(event) } else { duplicates.increment() }
+        }
+        if unusable.count > 0 {
+            logger.warning("feedback tuples carry no valid device token; skipped", metadata: [
+                "app": "\(service.app)", "feedback.skipped": "\(unusable.count)", "token.bytes": "\(unusable.tokenBytes.sorted())",
+            ])
         }
         guard !events.isEmpty else { return 0 }
         if await publisher.publish(events.map(message(for:))) {

@@ -57,8 +57,8 @@ public final class PushWorker: Service, Sendable {
     /// Warnings that come one per job or per notification, throttled apart (see `LogThrottle`):
     /// a broken producer or an APNs outage must not bury everything else in the log.
     private let invalidJobLogs = LogThrottle()
-    private let gaveUpLogs = LogThrottle()
-    let publishRetryLogs = LogThrottle()
+    private let failedLogs = LogThrottle()
+    private let expiredLogs = LogThrottle()
     /// Steps of direct deliveries that must wait (an in-process retry's delay, publishing again
     /// after Kafka refused): run as tasks under `run()`, so that a shutdown cancels them as it
     /// cancels the task path.
@@ -505,7 +505,7 @@ public final class PushWorker: Service, Sendable {
             "apns.status": "\(status.map(String.init) ?? "none")", "apns.reason": "\(reason ?? "none")", "apns.attempts": "\(attempts)",
         ]
         if gaveUp {
-            let admission = gaveUpLogs.admit()
+            let admission = (outcome == .failed ? failedLogs : expiredLogs).admit()
             guard admission.log else { return }
             metadata.merge(admission.metadata) { $1 }
         }

@@ -10,7 +10,13 @@ struct ReliablePublisher: Sendable {
     let producer: KafkaProducer
     let logger: Logger
     /// A Kafka outage fails every message: one warning each would flood the log.
-    private let retryLogs = LogThrottle()
+    let retryLogs: LogThrottle
+
+    init(producer: KafkaProducer, logger: Logger, retryLogs: LogThrottle = LogThrottle()) {
+        self.producer = producer
+        self.logger = logger
+        self.retryLogs = retryLogs
+    }
 
     /// Returns false only when the task is cancelled first: the caller's record then stays
     /// unfinished and is redone after its partition moves (duplicates allowed, losses not).
