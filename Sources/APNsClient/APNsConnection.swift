@@ -274,6 +274,11 @@ final class APNsConnection: @unchecked Sendable {
             HTTP2Setting(.enablePush, 0),
             HTTP2Setting(.initialWindowSize, 1 << 20),
         ])
+        // A session failure (a protocol error by the peer, say) closes the connection; without
+        // this line the requests would only hear "closed before the answer".
+        handler.onError = { [logger, id] error in
+            logger.warning("HTTP/2 session failed; closing the connection", metadata: ["apns.connection": "\(id)", "apns.error": "\(error)"])
+        }
         try channel.pipeline.syncOperations.addHandler(handler)
         scheduleSweep()
     }
@@ -661,11 +666,13 @@ final class APNsConnection: @unchecked Sendable {
 
     private func closeIfDrained() {
         guard unusable, streams.isEmpty, !closed else { return }
-        if let session {
-            try? session.submitGoAway(errorCode: .noError)
+        // The GOAWAY goes out first (now, or at the end of the read burst this runs in), then
+        // the driver closes the connection.
+        if let session, (try? session.terminate(errorCode: .noError)) != nil {
             session.flush()
+        } else {
+            channel?.close(promise: nil)
         }
-        channel?.close(promise: nil)
     }
 
     private func handleClose() {

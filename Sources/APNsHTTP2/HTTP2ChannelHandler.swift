@@ -7,6 +7,10 @@ import NIOCore
 ///
 /// Put it last in the pipeline, after TLS if any. The connection preface and initial SETTINGS
 /// are sent when the channel becomes active.
+///
+/// Output is produced only while the channel is writable: a peer that stops reading leaves the
+/// frames queued in the session, where its stream limit and libnghttp2's flood limits bound
+/// them, instead of growing the channel's outbound buffer without end.
 public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelHandler {
     public typealias InboundIn = ByteBuffer
     public typealias OutboundOut = ByteBuffer
@@ -83,13 +87,20 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
         context.fireChannelReadComplete()
     }
 
+    public func channelWritabilityChanged(context: ChannelHandlerContext) {
+        // What was held back while the peer was not reading goes out now.
+        if context.channel.isWritable { flushOutput() }
+        context.fireChannelWritabilityChanged()
+    }
+
     public func errorCaught(context: ChannelHandlerContext, error: any Error) {
         closeConnection()
     }
 
-    /// Writes whatever the session has ready, unless inside a read burst (then it is written at its end).
+    /// Writes whatever the session has ready, unless inside a read burst (then it is written at
+    /// its end) or the channel is not writable (then when it becomes writable).
     func flushOutput() {
-        guard !inReadBurst, !closed, let context else { return }
+        guard !inReadBurst, !closed, let context, context.channel.isWritable else { return }
         session.delegate?.http2SessionWillFlush(session)
         var buffer = output.take() ?? context.channel.allocator.buffer(capacity: 16384)
         buffer.clear()

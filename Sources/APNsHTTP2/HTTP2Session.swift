@@ -208,16 +208,26 @@ public final class HTTP2Session {
         let rc: Int32
         if let body, body.readableBytes > 0 {
             let slot = storeBody(.buffer(body), stream: stream)
+            // Also the check that the stream is still open: libnghttp2 1.52 queues a response on
+            // a stream the peer already reset and drops it later without a callback, which would
+            // leave the body's slot taken for the rest of the connection.
+            guard nghttp2_session_set_stream_user_data(raw, stream, HTTP2Callbacks.slotPointer(slot)) == 0 else {
+                releaseBody(slot: slot)
+                throw HTTP2Error("submit response on stream \(stream)", code: Int(NGHTTP2_ERR_STREAM_CLOSED.rawValue))
+            }
             rc = withNameValues(headers) { nva, count in
                 var provider = HTTP2Callbacks.bodyProvider(slot: slot)
                 return nghttp2_submit_response(raw, stream, nva, count, &provider)
             }
-            if rc == 0 {
-                nghttp2_session_set_stream_user_data(raw, stream, HTTP2Callbacks.slotPointer(slot))
-            } else {
+            if rc != 0 {
+                nghttp2_session_set_stream_user_data(raw, stream, nil)
                 releaseBody(slot: slot)
             }
         } else {
+            // The same check, so that the caller hears the stream is gone (no user data here).
+            guard nghttp2_session_set_stream_user_data(raw, stream, nil) == 0 else {
+                throw HTTP2Error("submit response on stream \(stream)", code: Int(NGHTTP2_ERR_STREAM_CLOSED.rawValue))
+            }
             rc = withNameValues(headers) { nva, count in nghttp2_submit_response(raw, stream, nva, count, nil) }
         }
         if rc != 0 { throw HTTP2Error("submit response on stream \(stream)", code: Int(rc)) }
@@ -270,6 +280,13 @@ public final class HTTP2Session {
             nghttp2_submit_goaway(raw, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, errorCode.rawValue, data.baseAddress, data.count)
         }
         if rc != 0 { throw HTTP2Error("submit GOAWAY", code: Int(rc)) }
+    }
+
+    /// Queues a GOAWAY and ends the session once it is written: the driver then closes the
+    /// connection (closing the channel at once could drop the GOAWAY still being written).
+    public func terminate(errorCode: HTTP2ErrorCode = .noError) throws(HTTP2Error) {
+        let rc = nghttp2_session_terminate_session(raw, errorCode.rawValue)
+        if rc != 0 { throw HTTP2Error("terminate the session", code: Int(rc)) }
     }
 
     public func submitResetStream(_ stream: Int32, errorCode: HTTP2ErrorCode) throws(HTTP2Error) {

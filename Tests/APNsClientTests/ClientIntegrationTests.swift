@@ -245,6 +245,10 @@ struct ClientIntegrationTests {
             #expect(elapsed < .seconds(2))
             #expect(outcome.attemptResult != .answered(status: 200, reason: nil))
             #expect(await waitFor { simulator.counters.snapshot().totals.streamsReset >= 1 }, "RST_STREAM reached the server")
+            // Once its latency is over, the simulator finds the stream gone: no answer is sent
+            // or counted for it.
+            try await Task.sleep(for: .seconds(3))
+            #expect(simulator.counters.snapshot().totals.answered == 0)
         }
     }
 
