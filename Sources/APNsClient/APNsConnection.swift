@@ -120,6 +120,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var pingSentAt: NIODeadline?
     @exclusivity(unchecked) private var sweepTask: Scheduled<Void>?
     @exclusivity(unchecked) private var drainDeadline: NIODeadline?
+    /// When the session was told to end with a GOAWAY (`closeIfDrained`).
+    @exclusivity(unchecked) private var terminatedAt: NIODeadline?
     /// Reused for every request's header fields (no String or array allocated per request).
     @exclusivity(unchecked) private var requestHeaders = HTTP2HeaderBlock()
     @exclusivity(unchecked) private var spareBatch: [APNsRequest] = []
@@ -276,8 +278,8 @@ final class APNsConnection: @unchecked Sendable {
         ])
         // A session failure (a protocol error by the peer, say) closes the connection; without
         // this line the requests would only hear "closed before the answer".
-        handler.onError = { [logger, id] error in
-            logger.warning("HTTP/2 session failed; closing the connection", metadata: ["apns.connection": "\(id)", "apns.error": "\(error)"])
+        handler.onError = { [logger] error in
+            logger.warning("HTTP/2 session failed; closing the connection", metadata: ["apns.error": "\(error)"])
         }
         try channel.pipeline.syncOperations.addHandler(handler)
         scheduleSweep()
@@ -666,13 +668,21 @@ final class APNsConnection: @unchecked Sendable {
 
     private func closeIfDrained() {
         guard unusable, streams.isEmpty, !closed else { return }
-        // The GOAWAY goes out first (now, or at the end of the read burst this runs in), then
-        // the driver closes the connection.
-        if let session, (try? session.terminate(errorCode: .noError)) != nil {
+        let now = NIODeadline.now()
+        let pastDrainDeadline = drainDeadline.map { now >= $0 } ?? false
+        if terminatedAt == nil, !pastDrainDeadline, channel?.isWritable == true, let session,
+            (try? session.terminate(errorCode: .noError)) != nil
+        {
+            // The GOAWAY goes out first (now, or at the end of the read burst this runs in),
+            // then the driver closes the connection.
+            terminatedAt = now
             session.flush()
-        } else {
-            channel?.close(promise: nil)
+            return
         }
+        // Without a session, past the drain deadline, or with a peer that does not read (the
+        // GOAWAY still not out after a second; the sweep calls this again), close now.
+        if let terminatedAt, now - terminatedAt < .seconds(1), !pastDrainDeadline { return }
+        channel?.close(promise: nil)
     }
 
     private func handleClose() {

@@ -100,8 +100,10 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
     /// Writes whatever the session has ready, unless inside a read burst (then it is written at
     /// its end) or the channel is not writable (then when it becomes writable).
     func flushOutput() {
-        guard !inReadBurst, !closed, let context, context.channel.isWritable else { return }
+        guard !inReadBurst, !closed, let context else { return }
+        // The delegate's per-burst bookkeeping runs even when nothing can be written yet.
         session.delegate?.http2SessionWillFlush(session)
+        guard context.channel.isWritable else { return }
         var buffer = output.take() ?? context.channel.allocator.buffer(capacity: 16384)
         buffer.clear()
         do {
