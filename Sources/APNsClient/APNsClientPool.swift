@@ -155,8 +155,14 @@ public final class APNsClientPool: Service, Sendable {
     /// a connection.
     private func unanswered(_ lease: Lease, sendBy: NIODeadline) -> APNsOutcome {
         if case .timeout = lease, sendBy <= .now() {
-            metrics.record(APNsRequest.tooLate)
-            return APNsRequest.tooLate
+            // Why it waited stays in the text: "no connection became ready" is the clue to an
+            // egress problem when short-deadline jobs come out expired.
+            let outcome = APNsOutcome.notAnswered(APNsNotAnswered(
+                .tooLate, "its send-by time (the job's deadline or expiration) passed while it waited: \(waitingTimeoutDetail()); it was not sent",
+                certainlyNotProcessed: true
+            ))
+            metrics.record(outcome)
+            return outcome
         }
         let why: APNsNotAnswered
         switch lease {

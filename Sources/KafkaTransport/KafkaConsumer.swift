@@ -695,7 +695,12 @@ final class ConsumerCore: @unchecked Sendable {
             logger.debug("resumed partitions", metadata: ["kafka.partitions": "\(toResume.map(\.description).sorted())"])
         }
         rdPaused = desired
-        locked { appliedPauses = desired }
+        locked {
+            appliedPauses = desired
+            // Fetches give the high watermark again; a figure asked while paused must not
+            // outlive that (a topic recreated meanwhile would report a lag too high for good).
+            for partition in toResume { queriedHighs.removeValue(forKey: partition) }
+        }
     }
 
     /// Makes the broker threads of resumed partitions fetch now rather than in up to a second.
