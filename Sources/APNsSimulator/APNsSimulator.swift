@@ -74,7 +74,7 @@ public final class APNsSimulator: Sendable {
         logger: Logger = Logger(label: "apns-fleet.simulator")
     ) async throws -> APNsSimulator {
         try configuration.validate()
-        let context = SimulatorContext(configuration: configuration, counters: SimulatorCounters())
+        let context = SimulatorContext(configuration: configuration, counters: SimulatorCounters(), logger: logger)
         var channels: [any Channel] = []
         var ports: [SimulatorListener: Int] = [:]
         let host = configuration.listeners.host
@@ -239,6 +239,10 @@ public final class APNsSimulator: Sendable {
         let session = try HTTP2Session(role: .server, delegate: connection)
         connection.session = session
         let handler = HTTP2ChannelHandler(session: session, initialSettings: connection.initialSettings)
+        // A client's protocol error ends its connection; say why, for whoever is debugging it.
+        handler.onError = { [logger = context.logger, id = connection.id] error in
+            logger.notice("HTTP/2 session with a client failed; connection closed", metadata: ["simulator.connection": "\(id)", "error": "\(error)"])
+        }
         try channel.pipeline.syncOperations.addHandler(handler)
         connection.activate()
     }

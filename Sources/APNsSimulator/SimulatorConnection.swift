@@ -1,6 +1,7 @@
 import APNsCore
 import APNsHTTP2
 import Foundation
+import Logging
 import NIOCore
 import NIOSSL
 import Synchronization
@@ -20,10 +21,12 @@ final class SimulatorContext: Sendable {
     let configuredRates: EffectiveBehaviour
     /// Whether any per-token behaviour is configured (only then is the token lowercased and looked up).
     let hasTokenBehaviour: Bool
+    let logger: Logger
 
-    init(configuration: APNsSimulatorConfiguration, counters: SimulatorCounters) {
+    init(configuration: APNsSimulatorConfiguration, counters: SimulatorCounters, logger: Logger) {
         self.configuration = configuration
         self.counters = counters
+        self.logger = logger
         self.verifier = ProviderTokenVerifier(keys: configuration.authentication.tokenKeys, maximumAge: configuration.authentication.maximumTokenAge)
         let behaviour = configuration.behaviour
         self.configuredRates = EffectiveBehaviour(behaviour)
