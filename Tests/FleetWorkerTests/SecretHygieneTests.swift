@@ -108,7 +108,9 @@ struct SecretHygieneTests {
         }
         let metrics = try httpGet(port: port, path: "/metrics").body
         kill(worker.process.processIdentifier, SIGTERM)
-        #expect(try await worker.waitForExit(timeout: 30) == 0)
+        let exitStatus = try? await worker.waitForExit(timeout: 30)
+        if exitStatus == nil { print("the worker did not exit within 30 s of SIGTERM; its log ends:\n" + worker.lines.value.suffix(40).joined(separator: "\n")) }
+        #expect(exitStatus == 0)
         await simulator.stop(gracePeriod: .zero)
         let log = worker.lines.value.joined(separator: "\n")
         #expect(Self.leaks(in: log, secrets: secrets).isEmpty, "secrets in the worker's log")
