@@ -93,11 +93,12 @@ public final class APNsClientPool: Service, Sendable {
     ///     is not sent and the outcome is `tooLate`.
     public func send(_ notification: APNsNotification, deadline: NIODeadline, sendBy: NIODeadline = .distantFuture) async -> APNsOutcome {
         var retries = 0
+        let waitsUntil = min(deadline, sendBy)
         while true {
-            let leased = await lease(deadline: min(deadline, sendBy))
+            let leased = await lease(deadline: waitsUntil)
             guard case .connection(let connection) = leased else { return unanswered(leased, sendBy: sendBy) }
             let outcome = await connection.execute(notification, deadline: deadline, sendBy: sendBy)
-            if shouldSendAgain(outcome, retries: retries, deadline: min(deadline, sendBy)) {
+            if shouldSendAgain(outcome, retries: retries, deadline: waitsUntil) {
                 retries += 1
                 continue
             }
@@ -154,20 +155,13 @@ public final class APNsClientPool: Service, Sendable {
     /// The outcome for a request that never left the client, given the lease it got instead of
     /// a connection.
     private func unanswered(_ lease: Lease, sendBy: NIODeadline) -> APNsOutcome {
-        if case .timeout = lease, sendBy <= .now() {
-            // Why it waited stays in the text: "no connection became ready" is the clue to an
-            // egress problem when short-deadline jobs come out expired.
-            let outcome = APNsOutcome.notAnswered(APNsNotAnswered(
-                .tooLate, "its send-by time (the job's deadline or expiration) passed while it waited: \(waitingTimeoutDetail()); it was not sent",
-                certainlyNotProcessed: true
-            ))
-            metrics.record(outcome)
-            return outcome
-        }
         let why: APNsNotAnswered
         switch lease {
         // `.connection` is not passed here (callers send on it); it reads as a shutdown.
         case .shutdown, .connection: why = APNsNotAnswered(.shutdown, "the client is shutting down", certainlyNotProcessed: true)
+        // Why it waited stays in the text: "no connection became ready" is the clue to an
+        // egress problem when short-deadline jobs come out expired.
+        case .timeout where sendBy <= .now(): why = APNsRequest.tooLate("while it waited: \(waitingTimeoutDetail())")
         case .timeout: why = APNsNotAnswered(.timeout, waitingTimeoutDetail(), certainlyNotProcessed: true)
         case .connectionFailed(let detail): why = APNsNotAnswered(.connectionFailed, detail, certainlyNotProcessed: true)
         }

@@ -73,10 +73,10 @@ final class APNsRequest: Sendable {
         APNsRequest(notification: notification, deadline: deadline, sendBy: sendBy, destination: destination, retries: retries + 1)
     }
 
-    /// The outcome when it was not written before `sendBy`.
-    static let tooLate = APNsOutcome.notAnswered(APNsNotAnswered(
-        .tooLate, "its send-by time (the job's deadline or expiration) passed before it was written; it was not sent", certainlyNotProcessed: true
-    ))
+    /// Why a request was not written before its `sendBy`; `when` says where it was then.
+    static func tooLate(_ when: String) -> APNsNotAnswered {
+        APNsNotAnswered(.tooLate, "its send-by time (the job's deadline or expiration) passed \(when); it was not sent", certainlyNotProcessed: true)
+    }
 }
 
 /// One long-lived HTTP/2 connection to APNs: NIO socket, NIOSSL (TLS 1.2+, ALPN h2, verified
@@ -363,7 +363,7 @@ final class APNsConnection: @unchecked Sendable {
             return
         }
         if request.sendBy <= now {
-            finish(request, APNsRequest.tooLate)
+            finish(request, .notAnswered(APNsRequest.tooLate("before it was written")))
             return
         }
         // Fields are read in place: a copy of the notification would retain and release each.

@@ -205,32 +205,25 @@ public final class HTTP2Session {
     /// Answers `stream` with fields laid out in `headers` (servers that answer many requests
     /// reuse one block), then `body` as DATA.
     public func submitResponse(stream: Int32, headers: HTTP2HeaderBlock, body: ByteBuffer? = nil) throws(HTTP2Error) {
-        let rc: Int32
-        if let body, body.readableBytes > 0 {
-            let slot = storeBody(.buffer(body), stream: stream)
-            // Also the check that the stream is still open: libnghttp2 1.52 queues a response on
-            // a stream the peer already reset and drops it later without a callback, which would
-            // leave the body's slot taken for the rest of the connection.
-            guard nghttp2_session_set_stream_user_data(raw, stream, HTTP2Callbacks.slotPointer(slot)) == 0 else {
-                releaseBody(slot: slot)
-                throw HTTP2Error("submit response on stream \(stream)", code: Int(NGHTTP2_ERR_STREAM_CLOSED.rawValue))
-            }
+        let slot = body.flatMap { $0.readableBytes > 0 ? storeBody(.buffer($0), stream: stream) : nil }
+        // Setting the stream's user data (the body's slot) is also the check that the stream is
+        // still open: libnghttp2 1.52 queues a response on a stream the peer already reset and
+        // drops it later without a callback, which would leave the slot taken for good.
+        var rc = nghttp2_session_set_stream_user_data(raw, stream, slot.flatMap(HTTP2Callbacks.slotPointer))
+        if rc != 0 {
+            rc = NGHTTP2_ERR_STREAM_CLOSED.rawValue
+        } else {
             rc = withNameValues(headers) { nva, count in
+                guard let slot else { return nghttp2_submit_response(raw, stream, nva, count, nil) }
                 var provider = HTTP2Callbacks.bodyProvider(slot: slot)
                 return nghttp2_submit_response(raw, stream, nva, count, &provider)
             }
-            if rc != 0 {
-                nghttp2_session_set_stream_user_data(raw, stream, nil)
-                releaseBody(slot: slot)
-            }
-        } else {
-            // The same check, so that the caller hears the stream is gone (no user data here).
-            guard nghttp2_session_set_stream_user_data(raw, stream, nil) == 0 else {
-                throw HTTP2Error("submit response on stream \(stream)", code: Int(NGHTTP2_ERR_STREAM_CLOSED.rawValue))
-            }
-            rc = withNameValues(headers) { nva, count in nghttp2_submit_response(raw, stream, nva, count, nil) }
+            if rc != 0 { nghttp2_session_set_stream_user_data(raw, stream, nil) }
         }
-        if rc != 0 { throw HTTP2Error("submit response on stream \(stream)", code: Int(rc)) }
+        guard rc == 0 else {
+            if let slot { releaseBody(slot: slot) }
+            throw HTTP2Error("submit response on stream \(stream)", code: Int(rc))
+        }
     }
 
     /// Opens a stream with a request (clients); returns its stream id.

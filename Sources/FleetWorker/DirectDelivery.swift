@@ -100,10 +100,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         // Set before every send; without it there is nothing to publish again, and the slot at
         // least goes back.
         guard let message else { return abandon() }
-        let admission = worker.publisher.retryLogs.admit()
-        if admission.log {
-            worker.logger.warning("publishing failed; will retry", metadata: admission.metadata.merging(["kafka.topic": "\(message.topic)", "error": "\(error)"]) { $1 })
-        }
+        worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and
             // is redone after its partition moves (duplicates allowed, losses not).

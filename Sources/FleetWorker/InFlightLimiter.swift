@@ -39,8 +39,8 @@ final class InFlightLimiter: Sendable {
         self.onPressure = onPressure
     }
 
-    /// Takes `count` slots (at most the capacity, so a job larger than the bound still runs alone).
-    /// Takes `count` slots, waiting for them if need be; returns whether it had to wait.
+    /// Takes `count` slots (at most the capacity, so a job larger than the bound still runs
+    /// alone), waiting for them if need be; returns whether it had to wait.
     @discardableResult
     func acquire(_ count: Int) async -> Bool {
         let wanted = min(max(count, 1), capacity)

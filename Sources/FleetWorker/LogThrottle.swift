@@ -28,6 +28,19 @@ final class LogThrottle: Sendable {
         self.window = Mutex(Window(start: now))
     }
 
+    /// Logs `message` to `logger` at `level` unless this kind is over its budget; the message and
+    /// metadata are only built for a line that goes out, and a line the logger's level would
+    /// drop does not use up the budget.
+    func log(
+        _ level: Logger.Level, _ message: @autoclosure () -> Logger.Message,
+        metadata: @autoclosure () -> Logger.Metadata, to logger: Logger
+    ) {
+        guard logger.logLevel <= level else { return }
+        let admission = admit()
+        guard admission.log else { return }
+        logger.log(level: level, message(), metadata: metadata().merging(admission.metadata) { $1 })
+    }
+
     func admit(now: ContinuousClock.Instant = .now) -> Admission {
         window.withLock { window in
             if now - window.start >= interval {

@@ -308,16 +308,13 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     private func rejectionMessages(_ rejected: RejectedJob, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         // A producer sends jobs that can never be sent: worth a warning, without tokens in full.
-        let admission = invalidJobLogs.admit()
-        if admission.log {
-            logger.warning("job is invalid; sent to the DLQ", metadata: admission.metadata.merging([
-                "job.id": "\(rejected.results.first?.jobID ?? "")",
-                "apns.token": "\(Self.shortToken(rejected.results.first?.token ?? ""))",
-                "job.tokens": "\(rejected.results.count)",
-                "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
-                "job.reason": "\(rejected.rejection.reason)",
-            ]) { $1 })
-        }
+        invalidJobLogs.log(.warning, "job is invalid; sent to the DLQ", metadata: [
+            "job.id": "\(rejected.results.first?.jobID ?? "")",
+            "apns.token": "\(Self.shortToken(rejected.results.first?.token ?? ""))",
+            "job.tokens": "\(rejected.results.count)",
+            "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
+            "job.reason": "\(rejected.rejection.reason)",
+        ], to: logger)
         Counter(label: "apns.worker.dlq", dimensions: [("topic", record.topic)]).increment()
         var messages = rejected.results.map { resultMessage($0) }
         messages.append(KafkaOutgoingMessage(
@@ -497,19 +494,17 @@ public final class PushWorker: Service, Sendable {
     /// One line per finished notification: debug when APNs settled it, warning when the worker
     /// gave up (retries exhausted, or past the deadline). Never the full token.
     private func logFinished(_ job: JobInFlight, token: DeviceToken, outcome: Outcome, status: Int?, reason: String?, attempts: Int) {
-        let gaveUp = outcome == .failed || outcome == .expired
-        let level: Logger.Level = gaveUp ? .warning : .debug
-        guard logger.logLevel <= level else { return }
-        var metadata: Logger.Metadata = [
-            "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
-            "apns.status": "\(status.map(String.init) ?? "none")", "apns.reason": "\(reason ?? "none")", "apns.attempts": "\(attempts)",
-        ]
-        if gaveUp {
-            let admission = (outcome == .failed ? failedLogs : expiredLogs).admit()
-            guard admission.log else { return }
-            metadata.merge(admission.metadata) { $1 }
+        func fields() -> Logger.Metadata {
+            [
+                "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
+                "apns.status": "\(status.map(String.init) ?? "none")", "apns.reason": "\(reason ?? "none")", "apns.attempts": "\(attempts)",
+            ]
         }
-        logger.log(level: level, "notification \(outcome.rawValue)", metadata: metadata)
+        switch outcome {
+        case .failed: failedLogs.log(.warning, "notification failed", metadata: fields(), to: logger)
+        case .expired: expiredLogs.log(.warning, "notification expired", metadata: fields(), to: logger)
+        default: logger.debug("notification \(outcome.rawValue)", metadata: fields())
+        }
     }
 
     /// A token for logs: the first 8 hex digits, enough to correlate and not enough to target a device.

@@ -83,9 +83,7 @@ struct ReliablePublisher: Sendable {
         }
         let failed = outcome.failures
         for (index, error) in failed {
-            let admission = retryLogs.admit()
-            guard admission.log else { continue }
-            logger.warning("publishing failed; will retry", metadata: admission.metadata.merging(["kafka.topic": "\(messages[index].topic)", "error": "\(error)"]) { $1 })
+            retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(messages[index].topic)", "error": "\(error)"], to: logger)
         }
         return failed.map { (messages[$0.index], $0.error) }
     }

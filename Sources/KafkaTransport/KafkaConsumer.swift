@@ -133,7 +133,8 @@ public final class KafkaConsumer: Service, Sendable {
     public func storedOffset(_ partition: TopicPartition) -> Int64? { core.storableOffset(partition) }
 
     /// Consumer lag per assigned partition: the high watermark (from the latest fetch; asked of
-    /// the brokers while paused) minus the offset that would be committed now. Also published as the gauge `kafka.consumer.lag`.
+    /// the brokers while paused) minus the offset that would be committed now. Also published
+    /// as the gauge `kafka.consumer.lag`.
     public func lag() -> [TopicPartition: Int64] { core.lag(handle.pointer) }
 
     /// Closes the consumer as at shutdown: ends ``batches``, drains, commits, leaves the group.
