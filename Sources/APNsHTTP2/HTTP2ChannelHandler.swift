@@ -9,10 +9,14 @@ import NIOCore
 /// are sent when the channel becomes active.
 ///
 /// Output is produced only while the channel is writable: a peer that stops reading leaves the
-/// frames queued in the session, where its stream limit and libnghttp2's flood limits bound
-/// them, instead of growing the channel's outbound buffer without end.
-public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelHandler {
+/// frames queued in the session instead of growing the channel's outbound buffer without end.
+/// A server session also stops reading until the channel is writable again, because every
+/// request it reads adds to what it must write (an answer, or a RST_STREAM refusing a stream
+/// above the limit, which libnghttp2's flood guard does not count). A client keeps reading:
+/// answers free its memory, and two peers that both stopped reading would wait for each other.
+public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHandler {
     public typealias InboundIn = ByteBuffer
+    public typealias OutboundIn = ByteBuffer
     public typealias OutboundOut = ByteBuffer
 
     public let session: HTTP2Session
@@ -21,6 +25,8 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
     private var started = false
     @exclusivity(unchecked) private var inReadBurst = false
     @exclusivity(unchecked) private var closed = false
+    /// A `read` held back while a server's channel is not writable.
+    @exclusivity(unchecked) private var readHeld = false
     /// The output buffer, kept between flushes: TLS has encrypted its bytes by the time
     /// `writeAndFlush` returns, so clearing it reuses the storage instead of allocating (if
     /// anything still holds it, copy-on-write allocates anew).
@@ -89,8 +95,22 @@ public final class HTTP2ChannelHandler: ChannelInboundHandler, RemovableChannelH
 
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
         // What was held back while the peer was not reading goes out now.
-        if context.channel.isWritable { flushOutput() }
+        if context.channel.isWritable {
+            flushOutput()
+            if readHeld, context.channel.isWritable {
+                readHeld = false
+                context.read()
+            }
+        }
         context.fireChannelWritabilityChanged()
+    }
+
+    public func read(context: ChannelHandlerContext) {
+        if session.role == .server, !context.channel.isWritable {
+            readHeld = true
+            return
+        }
+        context.read()
     }
 
     public func errorCaught(context: ChannelHandlerContext, error: any Error) {

@@ -1,5 +1,6 @@
 import APNsHTTP2
 import NIOCore
+import NIOEmbedded
 import Testing
 
 /// Records what a session reports.
@@ -35,8 +36,40 @@ final class RecordingDelegate: HTTP2SessionDelegate {
     func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting]) { self.settings.append(settings) }
 }
 
+/// Counts the `read` calls that get past the HTTP/2 handler towards the socket.
+final class ReadCounter: ChannelOutboundHandler {
+    typealias OutboundIn = ByteBuffer
+    var reads = 0
+
+    func read(context: ChannelHandlerContext) {
+        reads += 1
+        context.read()
+    }
+}
+
 @Suite("HTTP/2 session over libnghttp2, in memory")
 struct HTTP2SessionTests {
+    @Test("a server stops reading while its peer is not reading its answers; a client keeps reading", arguments: [HTTP2Role.server, .client])
+    func readingFollowsWritability(role: HTTP2Role) throws {
+        let channel = EmbeddedChannel()
+        let counter = ReadCounter()
+        let session = try HTTP2Session(role: role, delegate: RecordingDelegate())
+        try channel.pipeline.syncOperations.addHandlers([counter, HTTP2ChannelHandler(session: session, initialSettings: [])])
+        channel.read()
+        #expect(counter.reads == 1)
+
+        channel.isWritable = false
+        channel.pipeline.fireChannelWritabilityChanged()
+        channel.read()
+        channel.read()
+        #expect(counter.reads == (role == .server ? 1 : 3), "reads while the channel is not writable")
+
+        channel.isWritable = true
+        channel.pipeline.fireChannelWritabilityChanged()
+        #expect(counter.reads == (role == .server ? 2 : 3), "a held read goes out once the channel is writable")
+        _ = try channel.finish(acceptAlreadyClosed: true)
+    }
+
     /// Moves bytes both ways until neither side has anything to send.
     func pump(_ a: HTTP2Session, _ b: HTTP2Session) throws {
         for _ in 0..<32 {
