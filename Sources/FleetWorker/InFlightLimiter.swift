@@ -40,13 +40,12 @@ final class InFlightLimiter: Sendable {
     }
 
     /// Takes `count` slots (at most the capacity, so a job larger than the bound still runs
-    /// alone), waiting for them if need be; returns whether it had to wait.
-    @discardableResult
-    func acquire(_ count: Int) async -> Bool {
+    /// alone), waiting for them if need be.
+    func acquire(_ count: Int) async {
         let wanted = min(max(count, 1), capacity)
         // Below the bound (the steady state) no continuation is made: suspending and resuming
         // the consume loop once per record cost more than the rest of taking a slot.
-        if state.withLock({ take(wanted, &$0) }) { return false }
+        if state.withLock({ take(wanted, &$0) }) { return }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let ready = state.withLock { state -> Bool in
                 if take(wanted, &state) { return true }
@@ -55,7 +54,6 @@ final class InFlightLimiter: Sendable {
             }
             if ready { continuation.resume() }
         }
-        return true
     }
 
     /// Under the lock: takes `count` slots if they are free and nobody is queued before.

@@ -139,10 +139,15 @@ public final class PushWorker: Service, Sendable {
 
     /// Hands every consumed record to a direct delivery or a task of `group`.
     private func consume(into group: inout ThrowingDiscardingTaskGroup<any Error>) async throws {
-        for try await batch in consumer.batches {
-            // Once the loop has waited for slots, a partition of this batch may have moved on;
-            // only if a rebalance happened meanwhile (one atomic load) is each record checked.
+        var batches = consumer.batches.makeAsyncIterator()
+        while true {
+            // While the loop works through a batch (and waits for slots), a partition of it may
+            // move on; only if a rebalance happened meanwhile (one atomic load per record) is
+            // each record checked. Read before the batch is taken: the consumer counts a
+            // rebalance once its partitions have changed, so one that ends after the batch was
+            // checked always shows here.
             let rebalances = consumer.rebalances
+            guard let batch = await batches.next() else { break }
             var mayBeStale = false
             for record in batch {
                 // A retry record that is not due yet waits without a slot (its partition
@@ -154,10 +159,11 @@ public final class PushWorker: Service, Sendable {
                 // Decoded before it takes its slots, so that a job counts by its real tokens.
                 let admission = admit(record)
                 let weight = admission.weight
-                // While the loop waited for slots, the record's partition may have moved on
-                // (revoked past the drain, or lost): the new owner sends it, so sending it here
-                // too would only reach the device twice. Left unfinished.
-                if await limiter.acquire(weight), consumer.rebalances != rebalances { mayBeStale = true }
+                // The record's partition may have moved on (revoked past the drain, or lost):
+                // the new owner sends it, so sending it here too would only reach the device
+                // twice. Left unfinished.
+                await limiter.acquire(weight)
+                if !mayBeStale, consumer.rebalances != rebalances { mayBeStale = true }
                 if mayBeStale, !consumer.isCurrent(record) {
                     limiter.release(weight)
                     continue
@@ -234,7 +240,7 @@ public final class PushWorker: Service, Sendable {
         guard consumer.isCurrent(record) else { return }
         let partition = record.topicPartition
         pauses.startWaiting(partition)
-        let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds)
+        let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds) { consumer.isRevoking(partition) }
         pauses.stopWaiting(partition)
         switch wake {
         case .due:

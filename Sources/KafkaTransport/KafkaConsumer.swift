@@ -118,8 +118,13 @@ public final class KafkaConsumer: Service, Sendable {
     /// owner redoes the record from the stored offset.
     public func isCurrent(_ record: KafkaRecord) -> Bool { core.isCurrent(record) }
 
-    /// Counts rebalances (partitions assigned, revoked or lost). Reading it is one atomic load:
-    /// a caller that has seen it unchanged since it took a record need not ask ``isCurrent(_:)``.
+    /// Whether `partition` is being revoked: from before the `onRevoke` hook is called until its
+    /// drain is over. Work of it that has not started should not start.
+    public func isRevoking(_ partition: TopicPartition) -> Bool { core.isRevoking(partition) }
+
+    /// Counts rebalances (partitions assigned, revoked or lost), each once its changes are in
+    /// place. Reading it is one atomic load: a caller that read it *before* taking a batch and
+    /// reads the same value later need not ask ``isCurrent(_:)`` about that batch's records.
     public var rebalances: UInt64 { core.rebalances.load(ordering: .acquiring) }
 
     /// The assigned partitions librdkafka is currently not fetching: those paused by the caller,
@@ -361,6 +366,7 @@ final class ConsumerCore: @unchecked Sendable {
 
     func assignedPartitions() -> [TopicPartition] { locked { Array(assigned) } }
     func isCurrent(_ record: KafkaRecord) -> Bool { locked { tracker.epoch(of: record.topicPartition) == record.assignmentEpoch } }
+    func isRevoking(_ partition: TopicPartition) -> Bool { locked { revoking.contains(partition) } }
     let rebalances = Atomic<UInt64>(0)
     func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
     func inFlightCount() -> Int {
@@ -750,12 +756,14 @@ final class ConsumerCore: @unchecked Sendable {
         let list = TopicPartitionList(capacity: offsets.count)
         for (partition, offset) in offsets { list.add(partition, offset: offset) }
         let error = rd_kafka_offsets_store(rk, list.pointer)
-        for (partition, offset, partitionError) in TopicPartitionList.read(list.pointer) where partitionError == RD_KAFKA_RESP_ERR_NO_ERROR {
+        let stored = TopicPartitionList.read(list.pointer)
+        for (partition, offset, partitionError) in stored where partitionError == RD_KAFKA_RESP_ERR_NO_ERROR {
             partitionGauge(&storedOffsetGauges, partition) { Gauge(label: "kafka.consumer.offset.stored", dimensions: $0, factory: metrics) }.record(offset)
         }
-        if error != RD_KAFKA_RESP_ERR_NO_ERROR {
-            // Per-partition errors (e.g. _STATE for a partition no longer assigned) are in the list.
-            let failed = TopicPartitionList.read(list.pointer).filter { $0.2 != RD_KAFKA_RESP_ERR_NO_ERROR }
+        // Per-partition errors (e.g. _STATE for a partition no longer assigned) are in the list;
+        // librdkafka 2.0.2 returns no error overall when any partition succeeded.
+        let failed = stored.filter { $0.2 != RD_KAFKA_RESP_ERR_NO_ERROR }
+        if error != RD_KAFKA_RESP_ERR_NO_ERROR || !failed.isEmpty {
             logger.warning(
                 "storing offsets failed",
                 metadata: [
@@ -818,7 +826,9 @@ final class ConsumerCore: @unchecked Sendable {
     ) {
         let partitions = TopicPartitionList.read(list).map(\.0)
         lastEpoch = nil
-        rebalances.add(1, ordering: .releasing)
+        // Counted once the assignment has changed: a reader that saw the old count before taking
+        // a batch then sees the new one whenever that batch may be stale.
+        defer { rebalances.add(1, ordering: .releasing) }
         let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) } == "COOPERATIVE"
         switch event {
         case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
