@@ -59,6 +59,16 @@ struct FleetConfigurationDecoder {
                 "is \(app.legacyQuietPeriodMilliseconds) ms; it must be at least 1 s below worker.request-timeout-seconds (\(timeoutMilliseconds) ms), or every binary notification times out before it counts as delivered and is sent again"
             )
         }
+        // A revocation drains inside librdkafka's poll call; a drain that outlasts
+        // max.poll.interval.ms gets the worker dropped from the group mid-drain, and the offsets
+        // it then stores are never committed.
+        let maxPollMilliseconds = configuration.kafka.properties["max.poll.interval.ms"].flatMap { Int($0) } ?? 300_000
+        if Int(configuration.worker.drainTimeoutSeconds * 1000) + 30_000 > maxPollMilliseconds {
+            throw ConfigurationError(
+                key: "worker.drain-timeout-seconds",
+                "is \(configuration.worker.drainTimeoutSeconds) s; it must stay at least 30 s below Kafka's max.poll.interval.ms (\(maxPollMilliseconds) ms), or a revocation's drain outlasts the poll interval and the worker is dropped from the group mid-drain"
+            )
+        }
         if configuration.retry.inProcessAttempts > configuration.retry.maxAttempts {
             throw ConfigurationError(key: "retry.in-process-attempts", "is larger than retry.max-attempts (\(configuration.retry.maxAttempts))")
         }

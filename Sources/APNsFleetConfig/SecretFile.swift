@@ -1,6 +1,12 @@
 import APNsCore
 import Foundation
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// Reads secrets and checks key files. Nothing here ever puts file contents into an error.
 public enum SecretFile {
     /// Reads a small secret file (a password), dropping one trailing newline.
@@ -44,10 +50,11 @@ public enum SecretFile {
     }
 
     static func worldReadableWarning(path: String, key: String) -> String? {
-        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path),
-            let permissions = attributes[.posixPermissions] as? NSNumber
-        else { return nil }
-        let mode = permissions.uint16Value
+        // stat(2), which follows symbolic links: a Kubernetes secret volume mounts each key as a
+        // link (mode 777) to the real file, and the link's own mode says nothing.
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        let mode = UInt16(truncatingIfNeeded: info.st_mode)
         guard mode & 0o004 != 0 else { return nil }
         return "\(key): \(path) is readable by every user (mode \(String(mode & 0o777, radix: 8))); run chmod 600 on it"
     }

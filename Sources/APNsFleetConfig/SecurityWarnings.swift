@@ -6,6 +6,28 @@ public enum SecurityWarnings {
     /// off through passed-through librdkafka properties.
     public static func all(for configuration: FleetConfiguration) -> [String] {
         SecretFile.permissionWarnings(for: configuration) + kafkaTLSWarnings(configuration.kafka.properties)
+            + plainLegacyWarnings(configuration.apps)
+    }
+
+    /// `legacy-tls: false` is meant for a simulator on this host. Towards any other host,
+    /// whoever sits on the path can read notifications and, on the feedback service, inject
+    /// tuples that invalidate live tokens.
+    static func plainLegacyWarnings(_ apps: [AppConfiguration]) -> [String] {
+        var warnings: [String] = []
+        for app in apps {
+            for (name, endpoint) in [("legacy-gateway", app.legacyGateway), ("legacy-feedback", app.legacyFeedback)] {
+                guard let endpoint, !endpoint.tls, !isLoopback(endpoint.host) else { continue }
+                warnings.append(
+                    "app.\(app.name).\(name): \(endpoint.host):\(endpoint.port) is reached without TLS (legacy-tls is false); "
+                        + "whoever sits on the path can read notifications and forge feedback that invalidates tokens"
+                )
+            }
+        }
+        return warnings
+    }
+
+    static func isLoopback(_ host: String) -> Bool {
+        host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
     }
 
     /// librdkafka lets `kafka.properties` switch off what `kafka.ssl.*` sets up; APNs's TLS has no

@@ -154,7 +154,10 @@ public struct KafkaClientConfiguration: Sendable {
 
     /// Properties the delivery guarantees rest on: passthrough `properties` never override them
     /// (the fleet's configuration refuses them with a reason).
-    static let managedProperties: Set<String> = ["enable.idempotence", "enable.auto.offset.store", "enable.auto.commit", "group.id", "enable.partition.eof"]
+    static let managedProperties: Set<String> = [
+        "enable.idempotence", "enable.auto.offset.store", "enable.auto.commit", "group.id", "enable.partition.eof",
+        "delivery.report.only.error",
+    ]
 
     /// Whether a property's value must never be shown.
     static func isSecret(_ key: String) -> Bool {
@@ -193,6 +196,8 @@ public struct KafkaProducerConfiguration: Sendable {
             // Idempotence implies acks=all, bounded in-flight requests and no reordering or
             // duplicates from librdkafka's own retries.
             ("enable.idempotence", "true"),
+            // Every message's report finishes its record (and releases its context).
+            ("delivery.report.only.error", "false"),
             ("message.timeout.ms", String(max(1, messageTimeout.milliseconds))),
             ("linger.ms", String(max(0, linger.milliseconds))),
             ("batch.size", String(batchSize)),

@@ -55,7 +55,18 @@ final class ClientContext: Sendable {
         case 6: swiftLevel = .info
         default: swiftLevel = .debug
         }
-        logger.log(level: swiftLevel, "\(message)", metadata: ["kafka.facility": "\(facility)"], source: "librdkafka")
+        let text = facility == "CONF" ? Self.redactingConfigurationLine(message) : message
+        logger.log(level: swiftLevel, "\(text)", metadata: ["kafka.facility": "\(facility)"], source: "librdkafka")
+    }
+
+    /// With `debug=conf`, librdkafka 2.0.2 prints its configuration one "  name = value" line at
+    /// a time, and hides only the properties it marks sensitive (not, for one,
+    /// `sasl.oauthbearer.client.secret`). Values of secret-looking names are hidden here too.
+    static func redactingConfigurationLine(_ line: String) -> String {
+        guard let equals = line.firstRange(of: " = ") else { return line }
+        let name = String(line[..<equals.lowerBound].drop(while: { $0 == " " }))
+        guard KafkaClientConfiguration.isSecret(name) else { return line }
+        return line[..<equals.upperBound] + "[redacted]"
     }
 
     func recordFatal(_ error: KafkaError) {
@@ -79,19 +90,21 @@ final class ClientContext: Sendable {
 
     func statistics(_ json: [UInt8]) {
         guard let stats = try? JSONParser.parse(json) else { return }
+        // A worker's consumer and producer share a client id: the role keeps their gauges apart.
         let client = ("client", clientID)
+        let role = ("role", stats["type"]?.string ?? "client")
         for (field, label) in [
             ("msg_cnt", "kafka.client.queue.messages"), ("msg_size", "kafka.client.queue.bytes"),
             ("txmsgs", "kafka.client.tx.messages"), ("rxmsgs", "kafka.client.rx.messages"),
             ("replyq", "kafka.client.reply.queue"),
         ] {
-            if let value = stats[field]?.double { Gauge(label: label, dimensions: [client], factory: metrics).record(value) }
+            if let value = stats[field]?.double { Gauge(label: label, dimensions: [client, role], factory: metrics).record(value) }
         }
         if case .object(let brokers)? = stats["brokers"] {
             for broker in brokers {
                 // Average round-trip time in microseconds over the last window.
                 if let rtt = broker.value["rtt"]?["avg"]?.double, rtt > 0 {
-                    Gauge(label: "kafka.broker.rtt.us", dimensions: [client, ("broker", broker.key)], factory: metrics).record(rtt)
+                    Gauge(label: "kafka.broker.rtt.us", dimensions: [client, role, ("broker", broker.key)], factory: metrics).record(rtt)
                 }
             }
         }

@@ -143,6 +143,10 @@ struct ConfigurationLoaderTests {
             (["APNS_FLEET_KAFKA_PROPERTIES": "sasl.password:hunter2"], "configuration key 'kafka.properties': entries are name=value; entry 1 has no name before '='"),
             (["APNS_FLEET_DEFAULT_APP": "ghost"], "configuration key 'default-app': names app ghost, which is not in apps"),
             (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "13"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (12)"),
+            (["APNS_FLEET_WORKER_DRAIN_TIMEOUT_SECONDS": "400"],
+             "configuration key 'worker.drain-timeout-seconds': is 400.0 s; it must stay at least 30 s below Kafka's max.poll.interval.ms (300000 ms), or a revocation's drain outlasts the poll interval and the worker is dropped from the group mid-drain"),
+            (["APNS_FLEET_KAFKA_PROPERTIES": "delivery.report.only.error=true"],
+             "configuration key 'kafka.properties': delivery.report.only.error cannot be set here: a job's offset is stored only once the delivery reports of its results arrive, successes included"),
         ]
     )
     func errors(environment: [String: String], message: String) async {
@@ -201,6 +205,21 @@ struct ConfigurationLoaderTests {
         #expect(SecretFile.permissionWarnings(for: configuration).isEmpty)
     }
 
+    @Test("a key file reached through a symbolic link (a Kubernetes secret volume) is judged by the file, not the link")
+    func keyFileBehindALink() async throws {
+        let key = try temporaryFile("AuthKey-target.p8", "not really a key", mode: 0o440)
+        let link = key + ".link"
+        try FileManager.default.createSymbolicLink(atPath: link, withDestinationPath: key)
+        defer { try? FileManager.default.removeItem(atPath: link) }
+        let configuration = try await ConfigurationLoader(environment: [
+            "APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": link,
+            "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ",
+        ]).load()
+        #expect(SecretFile.permissionWarnings(for: configuration).isEmpty, "0440 behind a link is not world-readable")
+        try FileManager.default.setAttributes([.posixPermissions: 0o644], ofItemAtPath: key)
+        #expect(SecretFile.permissionWarnings(for: configuration) == ["app.a.key-file: \(link) is readable by every user (mode 644); run chmod 600 on it"])
+    }
+
     @Test("Kafka TLS checks switched off through kafka.properties are warned about")
     func kafkaVerificationOff() async throws {
         let relaxed = try await ConfigurationLoader(environment: [
@@ -213,6 +232,21 @@ struct ConfigurationLoaderTests {
         #expect(warnings.last?.contains("ssl.endpoint.identification.algorithm=none") == true)
         let strict = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "ssl"]).load()
         #expect(SecurityWarnings.all(for: strict).isEmpty)
+    }
+
+    @Test("the legacy interface without TLS is warned about unless the host is this machine")
+    func plainLegacyEndpoints() {
+        func app(_ host: String) -> AppConfiguration {
+            AppConfiguration(
+                name: "old", authentication: .certificate(.pkcs12(file: "/nonexistent.p12", password: nil)), transport: .binary,
+                legacyGateway: LegacyEndpoint(host: host, port: 2195, tls: false), legacyFeedback: LegacyEndpoint(host: host, port: 2196, tls: true)
+            )
+        }
+        #expect(SecurityWarnings.all(for: FleetConfiguration(apps: [app("127.0.0.1")])).isEmpty)
+        #expect(SecurityWarnings.all(for: FleetConfiguration(apps: [app("localhost")])).isEmpty)
+        let warnings = SecurityWarnings.all(for: FleetConfiguration(apps: [app("gateway.example.com")]))
+        #expect(warnings.count == 1, "only the endpoint without TLS")
+        #expect(warnings.first?.hasPrefix("app.old.legacy-gateway: gateway.example.com:2195 is reached without TLS") == true)
     }
 
     @Test("a key nothing reads stops the process, naming it and the nearest real key")

@@ -6,11 +6,15 @@ struct KafkaConfigurationTests {
     @Test("passthrough properties cannot undo what at-least-once rests on")
     func managedPropertiesStay() {
         var client = KafkaClientConfiguration(bootstrapServers: ["127.0.0.1:9092"])
-        client.properties = ["enable.auto.offset.store": "true", "enable.auto.commit": "false", "enable.idempotence": "false", "group.id": "other", "linger.ms": "20"]
+        client.properties = [
+            "enable.auto.offset.store": "true", "enable.auto.commit": "false", "enable.idempotence": "false", "group.id": "other", "linger.ms": "20",
+            "delivery.report.only.error": "true",
+        ]
         // Applied in order: the last value of a name is the one librdkafka keeps.
         let producer = Dictionary(KafkaProducerConfiguration(client: client).rdKafkaProperties().map { ($0.key, $0.value) }, uniquingKeysWith: { $1 })
         let consumer = Dictionary(KafkaConsumerConfiguration(client: client, groupID: "g", topics: ["t"]).rdKafkaProperties().map { ($0.key, $0.value) }, uniquingKeysWith: { $1 })
         #expect(producer["enable.idempotence"] == "true" && producer["linger.ms"] == "20")
+        #expect(producer["delivery.report.only.error"] == "false", "every message's report finishes its record")
         #expect(consumer["enable.auto.offset.store"] == "false" && consumer["enable.auto.commit"] == "true" && consumer["group.id"] == "g")
     }
 
@@ -25,5 +29,13 @@ struct KafkaConfigurationTests {
         #expect(consumer["linger.ms"] == nil)
         #expect(consumer["session.timeout.ms"] == "6000")
         #expect(producer["socket.keepalive.enable"] == "true" && consumer["socket.keepalive.enable"] == "true")
+    }
+
+    @Test("librdkafka's configuration dump (debug=conf) hides secret-looking values it does not hide itself")
+    func configurationDumpRedacted() {
+        #expect(ClientContext.redactingConfigurationLine("  sasl.oauthbearer.client.secret = s3cr3t-value") == "  sasl.oauthbearer.client.secret = [redacted]")
+        #expect(ClientContext.redactingConfigurationLine("  sasl.password = [redacted]") == "  sasl.password = [redacted]")
+        #expect(ClientContext.redactingConfigurationLine("  linger.ms = 5") == "  linger.ms = 5")
+        #expect(ClientContext.redactingConfigurationLine("Client configuration:") == "Client configuration:")
     }
 }

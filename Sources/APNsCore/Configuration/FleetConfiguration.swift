@@ -125,6 +125,7 @@ public struct KafkaSettings: Sendable {
         "enable.auto.commit": "stored offsets are committed by librdkafka's commit timer; without it nothing is committed",
         "group.id": "set kafka.group-id (push workers) or kafka.feedback-group-id instead",
         "enable.partition.eof": "the consumer does not handle end-of-partition events",
+        "delivery.report.only.error": "a job's offset is stored only once the delivery reports of its results arrive, successes included",
     ]
 
     public init(
