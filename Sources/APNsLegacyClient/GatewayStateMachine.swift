@@ -201,17 +201,19 @@ struct GatewayStateMachine<Waiter> {
         connection.unstamped = 0
         connections[id] = connection
 
+        // Status 10 ("Shutdown", documented after Table 5-1 was written) and 0 name the last
+        // notification that passed rather than one that failed.
+        let passed = response.status.code == 0 || response.status.code == 10
         let index = configuration.identifiesNotifications ? window.firstIndex(where: { $0.key == response.identifier }) : nil
         if let index {
             for written in window[..<index] { finish(written.key, .accepted, &actions) }
-            // Status 10 ("Shutdown", documented after Table 5-1 was written) and 0 name the
-            // last notification that passed rather than one that failed.
-            let passed = response.status.code == 0 || response.status.code == 10
             finish(window[index].key, passed ? .accepted : .rejected(response.status), &actions)
             // Dropped by the gateway, certainly not processed: re-sending cannot duplicate them.
             requeue(window[(index + 1)...].map(\.key), countsAsResend: false, because: response, &actions)
-        } else if !configuration.identifiesNotifications, window.count == 1, let only = window.first {
-            // The simple format names nothing, but with one notification in flight there is no doubt.
+        } else if !configuration.identifiesNotifications, !passed, window.count == 1, let only = window.first {
+            // The simple format names nothing, but with one notification in flight a failure
+            // can only be its own. A "passed" status names nothing in this format (its
+            // identifier is not the notification's), so that case is re-sent below.
             finish(only.key, .rejected(response.status), &actions)
         } else {
             // Nothing to attribute it to: the named notification was already confirmed (then
@@ -351,7 +353,11 @@ struct GatewayStateMachine<Waiter> {
             }
             if shuttingDown {
                 entries[key] = nil
-                actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered("the legacy gateway client shut down before the gateway's quiet period ended (it may have been delivered)")))
+                // Not counted as a re-send: the gateway dropped it after an earlier failure.
+                let why = !countsAsResend && response != nil
+                    ? "the gateway dropped it after an error-response for an earlier notification, and the legacy gateway client shut down before writing it again (it was not delivered)"
+                    : "the legacy gateway client shut down before the gateway's quiet period ended (it may have been delivered)"
+                actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered(why)))
                 continue
             }
             if countsAsResend {
@@ -361,6 +367,8 @@ struct GatewayStateMachine<Waiter> {
                     let why: String
                     if let response, !configuration.identifiesNotifications {
                         why = "the gateway answered status \(response.status) but the simple format carries no identifier to say which notification failed; gave up after \(configuration.maximumResends) re-sends"
+                    } else if let response {
+                        why = "the gateway answered status \(response.status) naming identifier \(response.identifier), which was not in flight, so every unconfirmed notification was written again; gave up after \(configuration.maximumResends) re-sends (it may have been delivered)"
                     } else {
                         why = "the gateway connection closed before the quiet period ended \(entry.resends) times (it may have been delivered)"
                     }

@@ -8,6 +8,10 @@ import NIOTLS
 import ServiceLifecycle
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A client of the legacy binary gateway (Apple's port 2195): a few long-lived TLS connections
 /// with certificate auth, the enhanced format by default, batched writes, and a verdict for
 /// every notification.
@@ -254,6 +258,13 @@ public final class LegacyGatewayClient: Service, Sendable {
         ])
     }
 
+    fileprivate func connectionFailed(_ id: UInt64, _ error: any Error) {
+        metrics.event("connection_error")
+        logger.warning("legacy gateway connection failed; closing it", metadata: [
+            "legacy.connection": "\(id)", "error": "\(error)",
+        ])
+    }
+
     fileprivate func connectionClosed(_ id: UInt64) {
         let (actions, unconfirmed) = state.withLock { state -> (Machine.Actions, Int) in
             state.channels[id] = nil
@@ -418,6 +429,15 @@ public final class LegacyGatewayClient: Service, Sendable {
         let bootstrap = ClientBootstrap(group: eventLoop)
             // Writes are batched by the client; once flushed they should leave at once.
             .channelOption(.socketOption(.tcp_nodelay), value: 1)
+            // The gateway acknowledges nothing, so a peer gone silently (a NAT dropping the flow)
+            // would otherwise keep the connection "open" for TCP's 15 minutes of retransmissions.
+            // Keepalives find it when idle; TCP_USER_TIMEOUT aborts it once written bytes stay
+            // unacknowledged for a while, and what it had not confirmed is written again.
+            .channelOption(.socketOption(.so_keepalive), value: 1)
+            .channelOption(LegacyTCP.keepIdle, value: 15)
+            .channelOption(LegacyTCP.keepInterval, value: 5)
+            .channelOption(LegacyTCP.keepCount, value: 3)
+            .channelOption(LegacyTCP.userTimeout, value: LegacyTCP.userTimeoutMilliseconds(quietPeriod: configuration.quietPeriod))
             .connectTimeout(TimeAmount(configuration.connectTimeout))
             .channelInitializer { [self] channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -436,7 +456,12 @@ public final class LegacyGatewayClient: Service, Sendable {
             ready.fail(error)
             return .failed(LegacyClientError(.connect, "cannot connect to \(endpoint.label): \(error)"))
         }
+        // The timer and the handshake's completion both run on the channel's loop: a handshake
+        // that completed first keeps its connection.
+        let handshakeDone = NIOLoopBoundBox.makeBoxSendingValue(false, eventLoop: eventLoop)
+        ready.futureResult.whenSuccess { handshakeDone.value = true }
         let timeout = eventLoop.scheduleTask(in: TimeAmount(configuration.connectTimeout)) {
+            guard !handshakeDone.value else { return }
             ready.fail(LegacyClientError(.timeout, "no TLS handshake with \(endpoint.label) within \(self.configuration.connectTimeout)"))
             channel.close(promise: nil)
         }
@@ -525,7 +550,13 @@ private final class GatewayConnectionHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if !isReady { ready.fail(error) }
+        if isReady {
+            // Before readiness the connect attempt reports it; after, this is the only trace (a
+            // client certificate refused after a TLS 1.3 handshake, a reset).
+            owner.connectionFailed(id, error)
+        } else {
+            ready.fail(error)
+        }
         context.close(promise: nil)
     }
 }
@@ -534,5 +565,21 @@ extension TimeAmount {
     init(_ duration: Duration) {
         let (seconds, attoseconds) = duration.components
         self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
+    }
+}
+
+/// TCP options for gateway connections (Linux names; NIO has none for these).
+enum LegacyTCP {
+    static let keepIdle = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_KEEPIDLE))
+    static let keepInterval = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_KEEPINTVL))
+    static let keepCount = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_KEEPCNT))
+    static let userTimeout = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_USER_TIMEOUT))
+
+    /// Written bytes may stay unacknowledged this long: ten seconds, or five quiet periods if
+    /// that is longer (a gateway on a slow link is not declared dead early).
+    static func userTimeoutMilliseconds(quietPeriod: Duration) -> Int {
+        let quiet = quietPeriod.components
+        let quietMilliseconds = min(quiet.seconds, 1_000_000) * 1000 + quiet.attoseconds / 1_000_000_000_000_000
+        return Int(max(10_000, 5 * quietMilliseconds))
     }
 }

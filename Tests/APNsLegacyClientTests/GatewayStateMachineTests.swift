@@ -110,6 +110,18 @@ struct GatewayStateMachineTests {
         #expect(actions.resumes.isEmpty)
         #expect(actions.unattributed == LegacyErrorResponse(status: .processingError, identifier: 999))
         #expect(Array(machine.pending) == [1, 2, 3])
+
+        // Once the re-sends are used up, the verdict says what happened: not a closed connection.
+        var exhausted = self.machine(resends: 0)
+        enqueue(&exhausted, 1...1)
+        _ = exhausted.connectionActive(1)
+        _ = exhausted.drain(1, now: start)
+        let got = verdicts(exhausted.errorResponse(1, LegacyErrorResponse(status: .processingError, identifier: 999), now: start))
+        guard case .notAnswered(let why)? = got[1] else {
+            Issue.record("\(got)")
+            return
+        }
+        #expect(why.contains("naming identifier 999, which was not in flight"), "\(why)")
     }
 
     @Test("the simple format can only blame a notification when it was alone in the window")
@@ -131,6 +143,16 @@ struct GatewayStateMachineTests {
             return
         }
         #expect(why.contains("simple format carries no identifier"))
+
+        // A "passed" status (10, shutdown) names no notification in this format: the one in the
+        // window is written again, never rejected.
+        var shutdown = self.machine(identifies: false)
+        enqueue(&shutdown, 1...1)
+        _ = shutdown.connectionActive(1)
+        _ = shutdown.drain(1, now: start)
+        let answered = shutdown.errorResponse(1, LegacyErrorResponse(status: LegacyErrorStatus(code: 10), identifier: 0), now: start)
+        #expect(answered.resumes.isEmpty)
+        #expect(Array(shutdown.pending) == [1], "queued to be written again")
     }
 
     @Test("the window bounds what is written; the rest waits for room")

@@ -43,8 +43,10 @@ public struct LegacyCounts: Sendable, Hashable, Codable {
     public var acceptedForUnregistered = 0
     /// Error-responses sent, by status code.
     public var errorResponses: [String: Int] = [:]
-    /// Identifiers of the notifications accepted, in arrival order (tests assert on them).
+    /// Identifiers of the first ``acceptedIdentifiersKept`` notifications accepted, in arrival
+    /// order (tests assert on them; a long run does not grow the list without end).
     public var acceptedIdentifiers: [UInt32] = []
+    public static let acceptedIdentifiersKept = 10_000
     public var feedbackConnections = 0
     public var feedbackTuplesSent = 0
 
@@ -232,7 +234,7 @@ final class GatewayHandler: ChannelInboundHandler {
         state.counts.withLock {
             $0.accepted += 1
             if unregistered { $0.acceptedForUnregistered += 1 }
-            $0.acceptedIdentifiers.append(notification.identifier)
+            if $0.acceptedIdentifiers.count < LegacyCounts.acceptedIdentifiersKept { $0.acceptedIdentifiers.append(notification.identifier) }
         }
         return nil
     }
