@@ -36,15 +36,29 @@ public struct LegacyFeedbackClient: Sendable {
     /// Connects (TLS with the client certificate, or plain TCP when the endpoint says so), reads
     /// every tuple until the server closes the connection, and returns them in order.
     ///
-    /// The service forgets tuples once it has sent them, so tuples already read are returned even
+    /// Convenient for short lists; a worker should use ``fetch(timeout:chunkSize:deliver:)``,
+    /// which holds at most a chunk in memory however long the list is.
+    public func fetch(timeout: Duration) async throws -> [FeedbackTuple] {
+        var tuples: [FeedbackTuple] = []
+        try await fetch(timeout: timeout) { tuples += $0 }
+        return tuples
+    }
+
+    /// Connects, reads tuples until the server closes the connection, and hands them to
+    /// `deliver` in order, at most `chunkSize` at a time. Reading pauses once a chunk is full
+    /// and resumes when `deliver` has taken everything read, so memory stays bounded by about a
+    /// chunk plus one read, whatever the service sends.
+    ///
+    /// The service forgets tuples once it has sent them, so every tuple read is delivered, even
     /// when the stream then ends badly (cut inside a tuple, a read error, the deadline): that is
     /// logged as a warning. It throws when nothing could be read: bad credentials, no connection,
-    /// a failed handshake, or the deadline passing before the first tuple.
-    public func fetch(timeout: Duration) async throws -> [FeedbackTuple] {
+    /// a failed handshake, or the deadline passing before the first tuple. The deadline covers
+    /// reading; time spent in `deliver` counts too, but what was read is still delivered.
+    public func fetch(timeout: Duration, chunkSize: Int = 10_000, deliver: ([FeedbackTuple]) async -> Void) async throws {
         let sslContext = try LegacyTLS.context(endpoint: endpoint, certificate: certificate)
         let eventLoop = eventLoopGroup.next()
-        let finished = eventLoop.makePromise(of: FeedbackReader.Ending.self)
-        let reader = FeedbackReader.Shared()
+        let (signals, signal) = AsyncStream.makeStream(of: FeedbackReader.Signal.self)
+        let reader = FeedbackReader.Shared(chunkSize: max(chunkSize, 1), signal: signal)
         let serverHostname = LegacyTLS.serverHostname(endpoint.host)
         let endpoint = self.endpoint
         let bootstrap = ClientBootstrap(group: eventLoop)
@@ -54,7 +68,7 @@ public struct LegacyFeedbackClient: Sendable {
                     if let sslContext {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname))
                     }
-                    try channel.pipeline.syncOperations.addHandler(FeedbackReader(shared: reader, finished: finished))
+                    try channel.pipeline.syncOperations.addHandler(FeedbackReader(shared: reader))
                 }
             }
         let started = ContinuousClock.now
@@ -62,18 +76,37 @@ public struct LegacyFeedbackClient: Sendable {
         do {
             channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
         } catch {
-            finished.succeed(.closed)
             throw LegacyClientError(.connect, "cannot connect to the feedback service at \(endpoint.label): \(error)")
         }
         let remaining = timeout - (ContinuousClock.now - started)
         let deadline = eventLoop.scheduleTask(in: TimeAmount(max(remaining, .zero))) {
-            finished.succeed(.timedOut)
+            signal.yield(.ended(.timedOut))
             channel.close(promise: nil)
         }
-        let ending = try await finished.futureResult.get()
+
+        var delivered = 0
+        var ending = FeedbackReader.Ending.closed
+        for await next in signals {
+            while case let chunk = reader.take(), !chunk.isEmpty {
+                await deliver(chunk)
+                delivered += chunk.count
+            }
+            if case .ended(let how) = next {
+                ending = how
+                break
+            }
+            // Room again: the reader may go on.
+            channel.triggerUserOutboundEvent(FeedbackReader.ResumeReading(), promise: nil)
+        }
         deadline.cancel()
         channel.close(promise: nil)
-        let (tuples, leftover, bytes, failure) = reader.state.withLock { ($0.tuples, $0.decoder.leftoverByteCount, $0.bytesRead, $0.failure) }
+        try? await channel.closeFuture.get()
+        // Whatever arrived between the end and the close.
+        while case let chunk = reader.take(), !chunk.isEmpty {
+            await deliver(chunk)
+            delivered += chunk.count
+        }
+        let (leftover, bytes, failure) = reader.state.withLock { ($0.decoder.leftoverByteCount, $0.bytesRead, $0.failure) }
 
         var problem: String?
         switch ending {
@@ -86,26 +119,36 @@ public struct LegacyFeedbackClient: Sendable {
             problem = [problem, "the stream ended inside a tuple (\(leftover) bytes left over)"].compactMap { $0 }.joined(separator: "; ")
         }
         if let problem {
-            guard !tuples.isEmpty else {
+            guard delivered > 0 else {
                 let code: LegacyClientError.Code = ending == .timedOut ? .timeout : (bytes == 0 && failure != nil ? .connect : .protocolError)
                 throw LegacyClientError(code, "feedback service at \(endpoint.label): \(problem)")
             }
             logger.warning("feedback stream ended badly; keeping the tuples read", metadata: [
-                "legacy.feedback": "\(endpoint.label)", "legacy.tuples": "\(tuples.count)", "legacy.problem": "\(problem)",
+                "legacy.feedback": "\(endpoint.label)", "legacy.tuples": "\(delivered)", "legacy.problem": "\(problem)",
             ])
         }
-        logger.debug("feedback service read", metadata: ["legacy.feedback": "\(endpoint.label)", "legacy.tuples": "\(tuples.count)", "legacy.bytes": "\(bytes)"])
-        return tuples
+        logger.debug("feedback service read", metadata: ["legacy.feedback": "\(endpoint.label)", "legacy.tuples": "\(delivered)", "legacy.bytes": "\(bytes)"])
     }
 }
 
-/// Collects tuples on the event loop, in whatever pieces the stream arrives.
-private final class FeedbackReader: ChannelInboundHandler {
+/// Decodes tuples on the event loop, in whatever pieces the stream arrives, and stops reading
+/// while a full chunk waits to be delivered.
+private final class FeedbackReader: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
+    typealias OutboundIn = Never
 
     enum Ending: Sendable, Equatable {
         case closed, timedOut
     }
+
+    enum Signal: Sendable {
+        /// A chunk is ready.
+        case chunk
+        case ended(Ending)
+    }
+
+    /// Sent by `fetch` once it has taken a chunk.
+    struct ResumeReading {}
 
     struct State {
         var decoder = FeedbackTupleDecoder()
@@ -114,30 +157,74 @@ private final class FeedbackReader: ChannelInboundHandler {
         var failure: String?
     }
 
-    /// Read by `fetch` after the channel is done; the lock only makes that hand-over safe.
+    /// Shared between the event loop and `fetch`.
     final class Shared: Sendable {
         let state = Mutex(State())
+        let chunkSize: Int
+        let signal: AsyncStream<Signal>.Continuation
+
+        init(chunkSize: Int, signal: AsyncStream<Signal>.Continuation) {
+            self.chunkSize = chunkSize
+            self.signal = signal
+        }
+
+        /// The oldest tuples read, at most a chunk.
+        func take() -> [FeedbackTuple] {
+            state.withLock { state in
+                guard state.tuples.count > chunkSize else {
+                    defer { state.tuples = [] }
+                    return state.tuples
+                }
+                defer { state.tuples.removeFirst(chunkSize) }
+                return Array(state.tuples.prefix(chunkSize))
+            }
+        }
+
+        var isFull: Bool { state.withLock { $0.tuples.count >= chunkSize } }
     }
 
     private let shared: Shared
-    private let finished: EventLoopPromise<Ending>
+    private var readHeld = false
 
-    init(shared: Shared, finished: EventLoopPromise<Ending>) {
+    init(shared: Shared) {
         self.shared = shared
-        self.finished = finished
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
-        shared.state.withLock { state in
+        let full = shared.state.withLock { state in
             state.bytesRead += buffer.readableBytes
             buffer.withUnsafeReadableBytes { state.decoder.append($0) }
+            let before = state.tuples.count
             while let tuple = state.decoder.next() { state.tuples.append(tuple) }
+            // Signalled once, when the chunk fills up.
+            return before < shared.chunkSize && state.tuples.count >= shared.chunkSize
+        }
+        if full { shared.signal.yield(.chunk) }
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if shared.isFull {
+            readHeld = true
+        } else {
+            context.read()
+        }
+    }
+
+    func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
+        guard event is ResumeReading else {
+            context.triggerUserOutboundEvent(event, promise: promise)
+            return
+        }
+        promise?.succeed()
+        if readHeld, !shared.isFull {
+            readHeld = false
+            context.read()
         }
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        finished.succeed(.closed)
+        shared.signal.yield(.ended(.closed))
         context.fireChannelInactive()
     }
 

@@ -35,14 +35,16 @@ public final class FeedbackWorker: Service, Sendable {
     }
 
     /// One app's legacy feedback service. `fetch` connects, reads every tuple until the service
-    /// closes the connection, and returns them.
+    /// closes the connection, and hands them to `deliver` in chunks, in order, reading no more
+    /// while a chunk is being delivered.
     public struct FeedbackService: Sendable {
+        public typealias Fetch = @Sendable (_ timeout: Duration, _ deliver: ([FeedbackTuple]) async -> Void) async throws -> Void
         public var app: String
         /// The apns-topic the app's tokens belong to (the event key's first half).
         public var topic: String
-        public var fetch: @Sendable (_ timeout: Duration) async throws -> [FeedbackTuple]
+        public var fetch: Fetch
 
-        public init(app: String, topic: String, fetch: @escaping @Sendable (_ timeout: Duration) async throws -> [FeedbackTuple]) {
+        public init(app: String, topic: String, fetch: @escaping Fetch) {
             self.app = app
             self.topic = topic
             self.fetch = fetch
@@ -176,44 +178,58 @@ public final class FeedbackWorker: Service, Sendable {
         }
     }
 
-    /// Polls one service now and publishes its events; used by the loop and by tests.
+    /// Polls one service now and publishes its events, a chunk of tuples at a time (the service
+    /// forgets what it sent, and a long list must not be held whole); used by the loop and by
+    /// tests. Returns how many events were published.
     @discardableResult
     func poll(_ service: FeedbackService) async -> Int {
-        let tuples: [FeedbackTuple]
+        var published = 0
+        var unpublished = 0
+        // One line per poll, not per tuple: a broken service could send thousands.
+        var unusable: (count: Int, tokenBytes: Set<Int>) = (0, [])
         do {
-            tuples = try await service.fetch(configuration.pollTimeout)
+            try await service.fetch(configuration.pollTimeout) { tuples in
+                var events: [TokenEvent] = []
+                for tuple in tuples {
+                    guard let event = TokenEvent(feedback: tuple, topic: service.topic, app: service.app) else {
+                        unusable.count += 1
+                        unusable.tokenBytes.insert(tuple.token.count)
+                        continue
+                    }
+                    if ledger.withLock({ $0.admit(event) }) { events.append(event) } else { duplicates.increment() }
+                }
+                guard !events.isEmpty else { return }
+                if unpublished == 0, await publisher.publish(events.map(message(for:))) {
+                    count(events)
+                    published += events.count
+                } else {
+                    // Only cancellation gets here (a forced stop): the rest is counted, not sent,
+                    // and forgotten, so that a result reporting the same token is not taken
+                    // for a repeat of an event that never went out.
+                    ledger.withLock { ledger in for event in events { ledger.forget(event) } }
+                    unpublished += events.count
+                }
+            }
         } catch {
             lastPolls.withLock { $0[service.app] = false }
             Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "error")]).increment()
             logger.warning("feedback service poll failed; will try again next interval", metadata: ["app": "\(service.app)", "error": "\(error)"])
-            return 0
+            return published
         }
         lastPolls.withLock { $0[service.app] = true }
         Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "ok")]).increment()
-        var events: [TokenEvent] = []
-        // One line per poll, not per tuple: a broken service could send thousands.
-        var unusable: (count: Int, tokenBytes: Set<Int>) = (0, [])
-        for tuple in tuples {
-            guard let event = TokenEvent(feedback: tuple, topic: service.topic, app: service.app) else {
-                unusable.count += 1
-                unusable.tokenBytes.insert(tuple.token.count)
-                continue
-            }
-            if ledger.withLock({ $0.admit(event) }) { events.append(event) } else { duplicates.increment() }
-        }
         if unusable.count > 0 {
             logger.warning("feedback tuples carry no valid device token; skipped", metadata: [
                 "app": "\(service.app)", "feedback.skipped": "\(unusable.count)", "token.bytes": "\(unusable.tokenBytes.sorted())",
             ])
         }
-        guard !events.isEmpty else { return 0 }
-        if await publisher.publish(events.map(message(for:))) {
-            count(events)
-            logger.info("feedback service reported dead tokens", metadata: ["app": "\(service.app)", "events": "\(events.count)"])
-        } else {
-            // Only cancellation gets here (a forced stop); say what was lost rather than hide it.
-            logger.error("stopped before the feedback service's events were published", metadata: ["app": "\(service.app)", "events": "\(events.count)"])
+        if published > 0 {
+            logger.info("feedback service reported dead tokens", metadata: ["app": "\(service.app)", "events": "\(published)"])
         }
-        return events.count
+        if unpublished > 0 {
+            // Say what was lost rather than hide it.
+            logger.error("stopped before the feedback service's events were published", metadata: ["app": "\(service.app)", "events": "\(unpublished)"])
+        }
+        return published
     }
 }

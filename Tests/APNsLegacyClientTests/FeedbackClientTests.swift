@@ -28,6 +28,24 @@ struct FeedbackClientTests {
         #expect(try await client.fetch(timeout: .seconds(5)).count == 40)
     }
 
+    @Test("a long list is delivered in order, a bounded chunk at a time")
+    func chunked() async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        let expected = Self.tuples(40)
+        let services = try await startLegacyServices(credentials) { configuration in
+            configuration.unregisteredTokens = Dictionary(uniqueKeysWithValues: expected.map { (Fixture.hex($0.token), Int64($0.timestamp) * 1000) })
+        }
+        defer { services.shutdown() }
+        let port = try #require(services.port(.feedbackPlain))
+        let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: port, tls: false), certificate: nil, logger: Fixture.logger)
+        var chunks: [[FeedbackTuple]] = []
+        try await client.fetch(timeout: .seconds(5), chunkSize: 7) { chunks.append($0) }
+        #expect(chunks.flatMap { $0 } == expected)
+        #expect(chunks.allSatisfy { $0.count <= 7 }, "chunk sizes \(chunks.map(\.count))")
+        #expect(chunks.count == 6)
+    }
+
     @Test("reads tuples split at every possible place: byte by byte and in odd chunks")
     func split() async throws {
         let expected = Self.tuples(10)

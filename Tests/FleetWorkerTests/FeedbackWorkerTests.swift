@@ -61,7 +61,7 @@ struct FeedbackWorkerTests {
         let worker = FeedbackWorker(
             configuration: .init(topics: topics, pollInterval: .seconds(3600), ledgerCapacity: 10_000),
             consumer: consumer, producer: producer,
-            feedbackServices: [.init(app: "legacy", topic: "com.example.legacy") { try await feedbackClient.fetch(timeout: $0) }],
+            feedbackServices: [.init(app: "legacy", topic: "com.example.legacy") { try await feedbackClient.fetch(timeout: $0, deliver: $1) }],
             logger: logger
         )
 
@@ -138,10 +138,9 @@ struct FeedbackWorkerTests {
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
         let polling = Shared(false)
         // A feedback service that keeps the connection open for a minute (as a stuck one would).
-        let stuck = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _ in
+        let stuck = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _, _ in
             polling.update { $0 = true }
             try await Task.sleep(for: .seconds(60))
-            return []
         }
         let worker = FeedbackWorker(
             configuration: .init(topics: topics, pollInterval: .seconds(3600), pollTimeout: .seconds(60), ledgerCapacity: 100),
