@@ -22,8 +22,8 @@ struct DevCredentialsCommand: ParsableCommand {
             in --out, for tools such as h2load or curl.
 
             Example:
-              apns-fleet dev-credentials --out ./dev --topic com.example.app
-              apns-fleet simulator --config ./dev/simulator.json --no-single-stream-until-authenticated
+              apns-fleet dev-credentials --out ./dev --topic com.example.app   # once (--force replaces)
+              apns-fleet simulator --config ./dev/simulator.json --no-single-stream-until-authenticated &
               h2load -n 1000 -m 100 -d payload.json -H "apns-topic: com.example.app" \\
                 -H "authorization: bearer $(apns-fleet dev-credentials --out ./dev --print-token)" \\
                 http://127.0.0.1:2198/3/device/<64 hex digits>

@@ -30,7 +30,7 @@ struct KafkaDevCommand: AsyncParsableCommand {
               create-topic NAME PARTITIONS [RF] | bootstrap | help
 
             Example:
-              apns-fleet kafka-dev --brokers 3 --partitions 12 --bootstrap-file /tmp/kafka.bootstrap &
+              apns-fleet kafka-dev --brokers 3 --partitions 12 --bootstrap-file /tmp/kafka.bootstrap --no-stdin &
               kcat -b "$(cat /tmp/kafka.bootstrap)" -L
               echo hello | kcat -b "$(cat /tmp/kafka.bootstrap)" -P -t apns.jobs
               kcat -b "$(cat /tmp/kafka.bootstrap)" -C -t apns.jobs -e

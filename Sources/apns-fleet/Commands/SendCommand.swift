@@ -24,7 +24,7 @@ struct SendCommand: AsyncParsableCommand {
             and peak RSS.
 
             Example (dev-credentials prints the key id and team id to use):
-              apns-fleet dev-credentials --out ./dev
+              apns-fleet dev-credentials --out ./dev   # once (--force replaces)
               apns-fleet simulator --config ./dev/simulator.json &
               apns-fleet send --host 127.0.0.1 --port 2197 --ca-file ./dev/ca.pem \\
                 --key-file ./dev/AuthKey_<KEY_ID>.p8 --key-id <KEY_ID> --team-id <TEAM_ID> \\

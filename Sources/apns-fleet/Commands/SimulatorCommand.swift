@@ -25,8 +25,8 @@ struct SimulatorCommand: AsyncParsableCommand {
             SIGTERM).
 
             Example:
-              apns-fleet dev-credentials --out ./dev
-              apns-fleet simulator --config ./dev/simulator.json --unregistered <64 hex digits> --dump
+              apns-fleet dev-credentials --out ./dev   # once (--force replaces)
+              apns-fleet simulator --config ./dev/simulator.json --unregistered <64 hex digits> --dump &
               curl -s http://127.0.0.1:9197/counters
             """
     )
