@@ -27,7 +27,10 @@ public enum SecurityWarnings {
     }
 
     static func isLoopback(_ host: String) -> Bool {
-        host == "localhost" || host == "::1" || host == "[::1]" || host.hasPrefix("127.")
+        if host == "localhost" || host == "::1" || host == "[::1]" { return true }
+        // 127.0.0.0/8 written as an address (a name such as 127.example.com is not loopback).
+        let parts = host.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127" && parts.allSatisfy { UInt8($0) != nil }
     }
 
     /// librdkafka lets `kafka.properties` switch off what `kafka.ssl.*` sets up; APNs's TLS has no

@@ -354,7 +354,7 @@ struct GatewayStateMachine<Waiter> {
             if shuttingDown {
                 entries[key] = nil
                 // Not counted as a re-send: the gateway dropped it after an earlier failure.
-                let why = !countsAsResend && response != nil
+                let why = !countsAsResend && response != nil && entry.resends == 0
                     ? "the gateway dropped it after an error-response for an earlier notification, and the legacy gateway client shut down before writing it again (it was not delivered)"
                     : "the legacy gateway client shut down before the gateway's quiet period ended (it may have been delivered)"
                 actions.resumes.append(Resume(waiter: waiter, verdict: .notAnswered(why)))

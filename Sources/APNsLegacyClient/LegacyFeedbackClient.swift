@@ -78,10 +78,21 @@ public struct LegacyFeedbackClient: Sendable {
         } catch {
             throw LegacyClientError(.connect, "cannot connect to the feedback service at \(endpoint.label): \(error)")
         }
+        // The deadline is for the service: it passes only while the client is reading. While a
+        // chunk waits for `deliver` (Kafka slow, say), what the service already sent sits
+        // unread in the socket, and closing then would throw away tuples it has forgotten.
         let remaining = timeout - (ContinuousClock.now - started)
-        let deadline = eventLoop.scheduleTask(in: TimeAmount(max(remaining, .zero))) {
+        let deadline = NIOLoopBoundBox.makeEmptyBox(valueType: Scheduled<Void>.self, eventLoop: eventLoop)
+        @Sendable func expireWhenReading() {
+            guard !reader.isFull, !reader.isHolding else {
+                deadline.value = eventLoop.scheduleTask(in: .milliseconds(100), expireWhenReading)
+                return
+            }
             signal.yield(.ended(.timedOut))
             channel.close(promise: nil)
+        }
+        eventLoop.execute {
+            deadline.value = eventLoop.scheduleTask(in: TimeAmount(max(remaining, .zero)), expireWhenReading)
         }
 
         var delivered = 0
@@ -98,7 +109,7 @@ public struct LegacyFeedbackClient: Sendable {
             // Room again: the reader may go on.
             channel.triggerUserOutboundEvent(FeedbackReader.ResumeReading(), promise: nil)
         }
-        deadline.cancel()
+        eventLoop.execute { deadline.value?.cancel() }
         channel.close(promise: nil)
         try? await channel.closeFuture.get()
         // Whatever arrived between the end and the close.
@@ -110,6 +121,8 @@ public struct LegacyFeedbackClient: Sendable {
 
         var problem: String?
         switch ending {
+        case .closed where Task.isCancelled:
+            problem = "the poll was cancelled (the worker is stopping)"
         case .closed:
             if let failure { problem = failure }
         case .timedOut:
@@ -155,6 +168,8 @@ private final class FeedbackReader: ChannelDuplexHandler {
         var tuples: [FeedbackTuple] = []
         var bytesRead = 0
         var failure: String?
+        /// A `read` is held back until `fetch` has taken the chunk.
+        var holding = false
     }
 
     /// Shared between the event loop and `fetch`.
@@ -181,10 +196,10 @@ private final class FeedbackReader: ChannelDuplexHandler {
         }
 
         var isFull: Bool { state.withLock { $0.tuples.count >= chunkSize } }
+        var isHolding: Bool { state.withLock { $0.holding } }
     }
 
     private let shared: Shared
-    private var readHeld = false
 
     init(shared: Shared) {
         self.shared = shared
@@ -204,11 +219,11 @@ private final class FeedbackReader: ChannelDuplexHandler {
     }
 
     func read(context: ChannelHandlerContext) {
-        if shared.isFull {
-            readHeld = true
-        } else {
-            context.read()
+        let held = shared.state.withLock { state in
+            state.holding = state.tuples.count >= shared.chunkSize
+            return state.holding
         }
+        if !held { context.read() }
     }
 
     func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
@@ -217,10 +232,12 @@ private final class FeedbackReader: ChannelDuplexHandler {
             return
         }
         promise?.succeed()
-        if readHeld, !shared.isFull {
-            readHeld = false
-            context.read()
+        let resume = shared.state.withLock { state in
+            guard state.holding, state.tuples.count < shared.chunkSize else { return false }
+            state.holding = false
+            return true
         }
+        if resume { context.read() }
     }
 
     func channelInactive(context: ChannelHandlerContext) {

@@ -434,13 +434,10 @@ public final class LegacyGatewayClient: Service, Sendable {
             // Keepalives find it when idle; TCP_USER_TIMEOUT aborts it once written bytes stay
             // unacknowledged for a while, and what it had not confirmed is written again.
             .channelOption(.socketOption(.so_keepalive), value: 1)
-            .channelOption(LegacyTCP.keepIdle, value: 15)
-            .channelOption(LegacyTCP.keepInterval, value: 5)
-            .channelOption(LegacyTCP.keepCount, value: 3)
-            .channelOption(LegacyTCP.userTimeout, value: LegacyTCP.userTimeoutMilliseconds(quietPeriod: configuration.quietPeriod))
             .connectTimeout(TimeAmount(configuration.connectTimeout))
             .channelInitializer { [self] channel in
                 channel.eventLoop.makeCompletedFuture {
+                    try LegacyTCP.detectSilentPeers(channel, quietPeriod: configuration.quietPeriod)
                     if let sslContext {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname))
                     }
@@ -550,7 +547,12 @@ private final class GatewayConnectionHandler: ChannelInboundHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
-        if isReady {
+        // After an error-response the gateway closes, often without a TLS close_notify or with
+        // our writes unread (a reset): the expected end of a connection, not a failure.
+        let expectedEnd = done || (error as? NIOSSLError).map { if case .uncleanShutdown = $0 { true } else { false } } ?? false
+        if expectedEnd {
+            // Nothing to report.
+        } else if isReady {
             // Before readiness the connect attempt reports it; after, this is the only trace (a
             // client certificate refused after a TLS 1.3 handshake, a reset).
             owner.connectionFailed(id, error)
@@ -570,10 +572,21 @@ extension TimeAmount {
 
 /// TCP options for gateway connections (Linux names; NIO has none for these).
 enum LegacyTCP {
-    static let keepIdle = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_KEEPIDLE))
-    static let keepInterval = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_KEEPINTVL))
-    static let keepCount = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_KEEPCNT))
-    static let userTimeout = ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: TCP_USER_TIMEOUT))
+    /// Keepalives after 15 s idle, every 5 s, three missed; written bytes unacknowledged for
+    /// ``userTimeoutMilliseconds(quietPeriod:)`` abort the connection. Linux only (elsewhere
+    /// the keepalive defaults apply).
+    static func detectSilentPeers(_ channel: any Channel, quietPeriod: Duration) throws {
+        #if os(Linux)
+        let options = channel.syncOptions
+        func set(_ name: Int32, _ value: Int) throws {
+            try options?.setOption(ChannelOptions.Types.SocketOption(level: .tcp, name: NIOBSDSocket.Option(rawValue: name)), value: value)
+        }
+        try set(TCP_KEEPIDLE, 15)
+        try set(TCP_KEEPINTVL, 5)
+        try set(TCP_KEEPCNT, 3)
+        try set(TCP_USER_TIMEOUT, userTimeoutMilliseconds(quietPeriod: quietPeriod))
+        #endif
+    }
 
     /// Written bytes may stay unacknowledged this long: ten seconds, or five quiet periods if
     /// that is longer (a gateway on a slow link is not declared dead early).

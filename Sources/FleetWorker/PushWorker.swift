@@ -144,8 +144,8 @@ public final class PushWorker: Service, Sendable {
             // While the loop works through a batch (and waits for slots), a partition of it may
             // move on; only if a rebalance happened meanwhile (one atomic load per record) is
             // each record checked. Read before the batch is taken: the consumer counts a
-            // rebalance once its partitions have changed, so one that ends after the batch was
-            // checked always shows here.
+            // rebalance as its partitions change hands, under the lock the batch is checked
+            // under, so one that comes after the batch was checked always shows here.
             let rebalances = consumer.rebalances
             guard let batch = await batches.next() else { break }
             var mayBeStale = false

@@ -122,8 +122,8 @@ public final class KafkaConsumer: Service, Sendable {
     /// drain is over. Work of it that has not started should not start.
     public func isRevoking(_ partition: TopicPartition) -> Bool { core.isRevoking(partition) }
 
-    /// Counts rebalances (partitions assigned, revoked or lost), each once its changes are in
-    /// place. Reading it is one atomic load: a caller that read it *before* taking a batch and
+    /// Counts rebalances (partitions assigned, revoked or lost), each as its partitions change
+    /// hands. Reading it is one atomic load: a caller that read it *before* taking a batch and
     /// reads the same value later need not ask ``isCurrent(_:)`` about that batch's records.
     public var rebalances: UInt64 { core.rebalances.load(ordering: .acquiring) }
 
@@ -826,14 +826,12 @@ final class ConsumerCore: @unchecked Sendable {
     ) {
         let partitions = TopicPartitionList.read(list).map(\.0)
         lastEpoch = nil
-        // Counted once the assignment has changed: a reader that saw the old count before taking
-        // a batch then sees the new one whenever that batch may be stale.
-        defer { rebalances.add(1, ordering: .releasing) }
         let cooperative = rd_kafka_rebalance_protocol(rk).map { String(cString: $0) } == "COOPERATIVE"
         switch event {
         case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
             locked {
                 applyCompletionsLocked()
+                countRebalanceLocked()
                 for partition in partitions {
                     epochs[partition] = tracker.assign(partition)
                     assigned.insert(partition)
@@ -872,6 +870,7 @@ final class ConsumerCore: @unchecked Sendable {
                         revoking.subtract(partitions)
                         for partition in partitions { assigned.remove(partition) }
                     }
+                    countRebalanceLocked()
                     return partitions.compactMap { partition in tracker.revoke(partition).map { (partition, $0) } }
                 }
                 // Must happen before unassigning: librdkafka refuses offsets of unassigned partitions.
@@ -917,12 +916,21 @@ final class ConsumerCore: @unchecked Sendable {
     private func abandon(_ partitions: [TopicPartition]) {
         locked {
             applyCompletionsLocked()
+            countRebalanceLocked()
             for partition in partitions {
                 tracker.lose(partition)
                 assigned.remove(partition)
             }
         }
         if !partitions.isEmpty { onLoss?(partitions) }
+    }
+
+    /// Counts a rebalance in the critical section that changes the partitions' epochs, before
+    /// it does: a batch is checked against the epochs under the same lock, so a reader that
+    /// read the count before taking a batch, and reads it unchanged afterwards, holds no record
+    /// a rebalance made stale.
+    private func countRebalanceLocked() {
+        rebalances.add(1, ordering: .releasing)
     }
 
     /// What the polling thread keeps per partition, dropped once the partition is no longer

@@ -247,6 +247,7 @@ struct ConfigurationLoaderTests {
         let warnings = SecurityWarnings.all(for: FleetConfiguration(apps: [app("gateway.example.com")]))
         #expect(warnings.count == 1, "only the endpoint without TLS")
         #expect(warnings.first?.hasPrefix("app.old.legacy-gateway: gateway.example.com:2195 is reached without TLS") == true)
+        #expect(SecurityWarnings.all(for: FleetConfiguration(apps: [app("127.example.com")])).count == 1, "a name that starts like a loopback address")
     }
 
     @Test("a key nothing reads stops the process, naming it and the nearest real key")

@@ -46,6 +46,34 @@ struct FeedbackClientTests {
         #expect(chunks.count == 6)
     }
 
+    @Test("a chunk that takes longer to deliver than the deadline loses none of what the service already sent")
+    func slowDelivery() async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        // 3,000 distinct tokens, about 114 KB: more than one read, so most of it waits unread
+        // in the socket while the first chunk is delivered.
+        let expected = (0..<3000).map { index in
+            FeedbackTuple(timestamp: 1_767_225_600 + UInt32(index), token: (0..<32).map { UInt8(truncatingIfNeeded: index >> (8 * ($0 % 4))) &+ UInt8($0) })
+        }
+        let services = try await startLegacyServices(credentials) { configuration in
+            configuration.unregisteredTokens = Dictionary(uniqueKeysWithValues: expected.map { (Fixture.hex($0.token), Int64($0.timestamp) * 1000) })
+        }
+        defer { services.shutdown() }
+        let port = try #require(services.port(.feedbackPlain))
+        let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: port, tls: false), certificate: nil, logger: Fixture.logger)
+        var received: [FeedbackTuple] = []
+        var first = true
+        try await client.fetch(timeout: .milliseconds(500), chunkSize: 100) { chunk in
+            if first {
+                first = false
+                try? await Task.sleep(for: .milliseconds(1500))  // Kafka slow: past the deadline
+            }
+            received += chunk
+        }
+        #expect(received.count == expected.count)
+        #expect(received == expected.sorted { $0.timestamp < $1.timestamp })
+    }
+
     @Test("reads tuples split at every possible place: byte by byte and in odd chunks")
     func split() async throws {
         let expected = Self.tuples(10)
