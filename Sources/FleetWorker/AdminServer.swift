@@ -89,7 +89,10 @@ final class AdminHandler: ChannelInboundHandler {
             headers.add(name: "content-type", value: contentType)
             headers.add(name: "content-length", value: String(body.count))
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
-            context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
+            // A HEAD answer has the GET's headers and no body (one would corrupt a kept-alive connection).
+            if head.method != .HEAD {
+                context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
+            }
             context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
         }
     }

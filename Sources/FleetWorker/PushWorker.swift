@@ -49,7 +49,7 @@ public final class PushWorker: Service, Sendable {
     private let retryWaits = RetryWaits()
     let logger: Logger
     private let now: @Sendable () -> UnixMillis
-    private let outcomeCounters = OutcomeCounters()
+    private let outcomeCounters: OutcomeCounters
     /// From taking a one-token job's record from librdkafka to its request's HEADERS going to the
     /// HTTP/2 session, first attempts only: the latency the worker itself adds (docs/design.md's
     /// "job in Kafka → request on the wire", without the time in Kafka).
@@ -80,6 +80,7 @@ public final class PushWorker: Service, Sendable {
         self.sender = sender
         self.intake = JobIntake(configuration: configuration.fleet, workerID: configuration.workerID)
         self.policy = DeliveryPolicy(retry: configuration.fleet.retry)
+        self.outcomeCounters = OutcomeCounters(apps: configuration.fleet.apps.map(\.name))
         let pauses = PartitionPauses(consumer: consumer, logger: logger)
         self.pauses = pauses
         self.limiter = InFlightLimiter(capacity: configuration.maxInFlight) { action, inUse in
@@ -230,7 +231,10 @@ public final class PushWorker: Service, Sendable {
         guard record.headers.contains(where: { $0.key == RetryHeaders.attemptKey }),
             let retry = try? RetryHeaders(headers: record.headers)
         else { return nil }
-        let wait = retry.notBefore.value - now().value
+        // A retry record waits at most the longest retry delay (plus a minute for clocks and
+        // queues): a not-before further out came from elsewhere, and would pin its partition.
+        let longest = Int64(configuration.fleet.retry.maxDelayMilliseconds) + 60_000
+        let wait = min(retry.notBefore.value - now().value, longest)
         return wait > 0 ? wait : nil
     }
 
@@ -453,7 +457,7 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     func finishedBeforeSending(_ job: JobInFlight, token: DeviceToken, progress: SendProgress) -> TokenOutcome? {
         guard case .finish(let outcome, let status, let reason)? = policy.beforeSending(
-            now: now(), deadline: job.deadline, expiration: job.expiration
+            now: now(), deadline: job.deadline, expiration: job.expiration, attemptsMade: progress.attempts
         ) else { return nil }
         logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: progress.attempts)
         return .finished(result(
@@ -560,6 +564,13 @@ final class OutcomeCounters: Sendable {
     }
 
     private let counters = Mutex<[Key: Counter]>([:])
+    /// The configured apps: an invalid job names any app it likes, and a label per made-up
+    /// name would grow /metrics (and this table) without end.
+    private let apps: Set<String>
+
+    init(apps: [String]) {
+        self.apps = Set(apps)
+    }
 
     func counter(for result: NotificationResult) -> Counter {
         var reason = "none"
@@ -568,7 +579,7 @@ final class OutcomeCounters: Sendable {
             let name = String(text.prefix { $0.isLetter })
             reason = APNsReasonTable.byReason[name] != nil ? name : "unknown"
         }
-        let key = Key(outcome: result.outcome, status: result.status, reason: reason, app: result.app)
+        let key = Key(outcome: result.outcome, status: result.status, reason: reason, app: result.app.map { apps.contains($0) ? $0 : "unknown" })
         return counters.withLock { counters in
             if let counter = counters[key] { return counter }
             let counter = Counter(label: "apns.worker.notifications", dimensions: [

@@ -51,6 +51,27 @@ struct DeliveryPolicyTests {
         #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), deadline: soon + 60) == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
     }
 
+    @Test("a record that already made every allowed attempt is failed without being sent")
+    func attemptsUsedUp() {
+        #expect(policy.beforeSending(now: now, deadline: nil, expiration: nil, attemptsMade: 3) == nil)
+        #expect(policy.beforeSending(now: now, deadline: nil, expiration: nil, attemptsMade: 4)
+            == .finish(.failed, status: nil, reason: "4 attempts were already made, and retry.max-attempts is 4; not sent again"))
+        // Past its cutoff too, it is expired: the cutoff is what the producer asked for.
+        guard case .finish(.expired, _, _)? = policy.beforeSending(now: now, deadline: now.seconds - 1, expiration: nil, attemptsMade: 1_000_000) else {
+            Issue.record("expected expired")
+            return
+        }
+    }
+
+    @Test("timestamps far outside any calendar saturate and still format, never trap")
+    func extremeTimestamps() {
+        #expect(UnixMillis(seconds: 1_152_921_504_606_846_976).value == .max, "2^60 s saturates instead of wrapping to the past")
+        #expect(UnixMillis(seconds: -1_152_921_504_606_846_976).value == .min)
+        #expect(UnixMillis(.min).rfc3339.hasSuffix(".192Z"))
+        #expect(UnixMillis(.max).rfc3339.hasSuffix(".807Z"))
+        #expect(UnixMillis(-1).rfc3339 == "1969-12-31T23:59:59.999Z")
+    }
+
     @Test("a last attempt that ends past the cutoff is expired, not failed")
     func lastAttemptPastCutoff() {
         #expect(after(4, .notAnswered("request timed out after 10 s"), deadline: now.seconds - 1)

@@ -38,7 +38,7 @@ struct FuzzRegressionTests {
     @Test(
         "header values with CR, LF or NUL are escaped in the reason, never copied raw",
         arguments: [
-            ("attempt", "1\r\nX-Forged: 1", "attempt header: must be a positive integer, got \"1\\u000d\\u000aX-Forged: 1\""),
+            ("attempt", "1\r\nX-Forged: 1", "attempt header: must be an integer from 1 to 1000000, got \"1\\u000d\\u000aX-Forged: 1\""),
             ("apns-priority", "10\r\nX-Forged: 1", "apns-priority header: priority is 10\\u000d\\u000aX-Forged: 1; it must be 10, 5 or 1"),
             ("apns-expiration", "0\u{0}1", "apns-expiration header: expiration is 0\\u00001; it must be a non-negative integer (unix seconds, 0 for now-or-never)"),
         ]

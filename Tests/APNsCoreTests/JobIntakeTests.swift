@@ -110,7 +110,41 @@ struct JobIntakeTests {
             Issue.record("expected a rejection")
             return
         }
-        #expect(rejected.results.first?.reason == "attempt header: must be a positive integer, got \"-4\"")
+        #expect(rejected.results.first?.reason == "attempt header: must be an integer from 1 to 1000000, got \"-4\"")
+    }
+
+    @Test("a retry record whose job no longer decodes answers only for the tokens it names, each once")
+    func undecodableRetryRecord() {
+        // tokenA was delivered; the record retries tokenB, but its body no longer decodes (a
+        // limit lowered since, say): tokenA must not get a second, invalid, result.
+        let retry = RetryHeaders(attempt: 1, notBefore: UnixMillis(now.value), lastReason: "ServiceUnavailable")
+        let headers = retry.applied(to: [RecordHeader("job-id", "j8"), RecordHeader(JobIntake.retryTokensKey, "\(tokenB),\(tokenB)")])
+        guard case .rejected(let rejected) = accept(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{},"priority":7}"#, headers: headers) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.map(\.token) == [tokenB])
+
+        // The same record with a body that decodes: naming a token twice is refused, not sent twice.
+        guard case .rejected(let twice) = accept(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{}}"#, headers: headers) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(twice.results.map(\.token) == [tokenB])
+        #expect(twice.results.first?.reason?.contains("is named twice") == true)
+    }
+
+    @Test("deadlines and expirations past year 9999 are refused as probably milliseconds, not wrapped")
+    func farFutureTimestamps() {
+        guard case .rejected(let rejected) = accept(#"{"token":"\#(tokenA)","payload":{},"deadline":1152921504606846976}"#) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.first?.reason?.contains("it must be unix seconds, at most 253402300799") == true)
+        guard case .accepted = accept(#"{"token":"\#(tokenA)","payload":{},"expiration":253402300799}"#) else {
+            Issue.record("the last second of year 9999 is accepted")
+            return
+        }
     }
 
     @Test("a retry record with malformed retry headers keeps its job id and answers only for the tokens it was retrying")

@@ -6,6 +6,7 @@ public struct RetryHeaders: Sendable, Hashable {
     /// The job id of the first consumption, so that a job without `id` keeps its id through retries.
     public static let jobIDKey = "job-id"
     static let keys: Set<String> = [attemptKey, notBeforeKey, lastReasonKey]
+    public static let maximumAttempt = 1_000_000
 
     /// Attempts already made (the retry record is consumed for attempt `attempt + 1`).
     public var attempt: Int
@@ -35,8 +36,9 @@ public struct RetryHeaders: Sendable, Hashable {
     /// Reads the retry headers of a record; nil when it has none (a first attempt).
     public init?(headers: [RecordHeader]) throws(ContractDecodingError) {
         guard let attemptText = headers.text(Self.attemptKey) else { return nil }
-        guard let attempt = Int(attemptText), attempt >= 1 else {
-            throw ContractDecodingError(contract: "retry headers", field: Self.attemptKey, "must be a positive integer, got \(JobRules.quoted(JobRules.clip(attemptText)))")
+        // Bounded far above any retry.max-attempts (at most 1,000), so counting on cannot overflow.
+        guard let attempt = Int(attemptText), attempt >= 1, attempt <= Self.maximumAttempt else {
+            throw ContractDecodingError(contract: "retry headers", field: Self.attemptKey, "must be an integer from 1 to \(Self.maximumAttempt), got \(JobRules.quoted(JobRules.clip(attemptText)))")
         }
         guard let notBeforeText = headers.text(Self.notBeforeKey), let notBefore = Int64(notBeforeText), notBefore >= 0 else {
             throw ContractDecodingError(contract: "retry headers", field: Self.notBeforeKey, "must be unix milliseconds")

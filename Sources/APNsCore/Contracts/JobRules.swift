@@ -25,9 +25,16 @@ public enum JobRules {
         return priority
     }
 
+    /// The last second of year 9999: later "unix seconds" are almost surely milliseconds or
+    /// nanoseconds, which would otherwise send a job long after its time or never expire it.
+    public static let latestUnixSeconds: Int64 = 253_402_300_799
+
     public static func expiration(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
         guard let value, value >= 0 else {
             throw JobRejection(field: "expiration", "expiration is \(escaped(clip(literal))); it must be a non-negative integer (unix seconds, 0 for now-or-never)")
+        }
+        guard value <= latestUnixSeconds else {
+            throw JobRejection(field: "expiration", "expiration is \(value); it must be unix seconds, at most \(latestUnixSeconds) (the end of year 9999): is it in milliseconds?")
         }
         return value
     }
@@ -35,6 +42,9 @@ public enum JobRules {
     public static func deadline(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
         guard let value, value >= 0 else {
             throw JobRejection(field: "deadline", "deadline is \(escaped(clip(literal))); it must be a non-negative integer (unix seconds)")
+        }
+        guard value <= latestUnixSeconds else {
+            throw JobRejection(field: "deadline", "deadline is \(value); it must be unix seconds, at most \(latestUnixSeconds) (the end of year 9999): is it in milliseconds?")
         }
         return value
     }

@@ -9,8 +9,10 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
         self.value = value
     }
 
+    /// Saturates instead of wrapping: a huge number of seconds is the far future, not the past.
     public init(seconds: Int64) {
-        self.value = seconds &* 1000
+        let (product, overflow) = seconds.multipliedReportingOverflow(by: 1000)
+        self.value = overflow ? (seconds < 0 ? .min : .max) : product
     }
 
     public var seconds: Int64 { value / 1000 }
@@ -27,8 +29,13 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
 
     /// Appends ``rfc3339`` to `bytes` without making a String (results carry one each).
     public func appendRFC3339(to bytes: inout [UInt8]) {
-        let millis = Int((value % 1000 + 1000) % 1000)
-        let totalSeconds = (value - Int64(millis)) / 1000
+        // Floor division without a subtraction that could overflow at Int64.min.
+        var (totalSeconds, remainder) = value.quotientAndRemainder(dividingBy: 1000)
+        if remainder < 0 {
+            remainder += 1000
+            totalSeconds -= 1
+        }
+        let millis = Int(remainder)
         var days = totalSeconds / 86_400
         var secondsOfDay = totalSeconds % 86_400
         if secondsOfDay < 0 {

@@ -45,10 +45,15 @@ public struct DeliveryPolicy: Sendable, Hashable {
         return candidates.min().map { UnixMillis(seconds: $0) }
     }
 
-    /// Checked before every attempt: a job past its deadline or expiration is not sent.
-    public func beforeSending(now: UnixMillis, deadline: Int64?, expiration: Int64?) -> DeliveryDecision? {
-        guard let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), now > cutoff else { return nil }
-        return .finish(.expired, status: nil, reason: Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff))
+    /// Checked before every attempt: a job past its deadline or expiration is not sent, nor one
+    /// that already made every attempt allowed (a retry record from before `maxAttempts` was
+    /// lowered, or a producer's own `attempt` header).
+    public func beforeSending(now: UnixMillis, deadline: Int64?, expiration: Int64?, attemptsMade: Int = 0) -> DeliveryDecision? {
+        if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), now > cutoff {
+            return .finish(.expired, status: nil, reason: Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff))
+        }
+        guard attemptsMade >= retry.maxAttempts else { return nil }
+        return .finish(.failed, status: nil, reason: "\(attemptsMade) attempts were already made, and retry.max-attempts is \(retry.maxAttempts); not sent again")
     }
 
     /// Decides after attempt number `attempt` (1 for the first) ended with `result`.

@@ -81,8 +81,10 @@ public struct JobIntake: Sendable {
                 return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job, tokens: tokens)
             }
         } catch {
+            // A retry record whose job no longer decodes (a limit lowered since) still stands
+            // only for the tokens it names.
             let jobID = inheritedID ?? Self.bestEffortJobID(value: value)
-            return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID)
+            return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, tokens: Self.namedRetryTokens(headers))
         }
     }
 
@@ -91,7 +93,8 @@ public struct JobIntake: Sendable {
     /// when it names none.
     static func namedRetryTokens(_ headers: [RecordHeader]) -> [DeviceToken]? {
         guard let list = headers.text(retryTokensKey) else { return nil }
-        let tokens = list.split(separator: ",").compactMap { try? DeviceToken(hex: String($0)) }
+        var seen = Set<DeviceToken>()
+        let tokens = list.split(separator: ",").compactMap { try? DeviceToken(hex: String($0)) }.filter { seen.insert($0).inserted }
         return tokens.isEmpty ? nil : tokens
     }
 
@@ -119,12 +122,19 @@ public struct JobIntake: Sendable {
 
     private func retryTokens(headers: [RecordHeader], job: NotificationJob) throws(JobRejection) -> [DeviceToken] {
         guard let list = headers.text(Self.retryTokensKey) else { return job.tokens }
+        // Sets: a fan-out job may carry up to 100,000 tokens.
+        let jobTokens = Set(job.tokens)
+        var named = Set<DeviceToken>()
         var tokens: [DeviceToken] = []
         for text in list.split(separator: ",") {
             let token: DeviceToken
             do { token = try DeviceToken(hex: String(text)) } catch { throw error.at("\(Self.retryTokensKey) header") }
-            guard job.tokens.contains(token) else {
+            guard jobTokens.contains(token) else {
                 throw JobRejection(field: "\(Self.retryTokensKey) header", "token \(token.redacted) is not one of the job's tokens")
+            }
+            // Named twice, it would be sent twice and get two results.
+            guard named.insert(token).inserted else {
+                throw JobRejection(field: "\(Self.retryTokensKey) header", "token \(token.redacted) is named twice")
             }
             tokens.append(token)
         }
