@@ -353,9 +353,13 @@ public final class APNsClientPool: Service, Sendable {
             }
             do {
                 try await connection.connect(sslContext: sslContext)
+                let readyAt = ContinuousClock.now
                 if isShuttingDown { connection.drain(until: .now()) }
                 try? await connection.unusableFuture.get()
-                if connection.hadSuccessSnapshot { backoff.reset() }
+                // A 200 proves the connection; so does serving longer than the longest backoff
+                // (an app whose answers are all 410s, or one APNs closed for being idle), which
+                // otherwise left every replacement waiting the maximum.
+                if connection.hadSuccessSnapshot || ContinuousClock.now - readyAt >= backoff.maximum { backoff.reset() }
             } catch {
                 metrics.connectionEvent("connect_failed")
                 let failure = error as? APNsClientError ?? APNsClientError(.connect, "\(error)")

@@ -402,10 +402,25 @@ final class APNsConnection: @unchecked Sendable {
             // The payload goes into DATA frames straight from the notification's bytes.
             let stream = try session.submitRequest(requestHeaders, body: request.notification.payload.bytes)
             streams.insert(InFlight(request, sentAt: now), for: stream)
+            // A connection's 2^30 stream ids last days at full speed; hand over to a new one
+            // well before they run out, while this one's streams finish.
+            if stream > Self.lastStreamIDToUse, !unusable {
+                logger.info("Retiring connection: its stream ids are nearly used up")
+                becomeUnusable()
+            }
         } catch {
+            if error.isStreamIDExhausted {
+                // Unusable first, so that the pool sends the request again elsewhere.
+                becomeUnusable()
+                closeIfDrained()
+            }
             finish(request, .notAnswered(APNsNotAnswered(.connectionFailed, "the request could not be submitted: \(error)", certainlyNotProcessed: true)))
         }
     }
+
+    /// Past this stream id a connection takes no more work (a margin of 50,000 requests below
+    /// the last one HTTP/2 allows).
+    static let lastStreamIDToUse: Int32 = .max - 100_000
 
     /// The bearer header for now, minting a token when the schedule says so.
     private func currentAuthorization(_ signer: ProviderTokenSigner) -> String? {
@@ -566,7 +581,8 @@ final class APNsConnection: @unchecked Sendable {
     static func parseBody(_ body: ByteBuffer) -> (APNsReason?, Int64?) {
         guard let value = try? JSONParser.parse(Array(body.readableBytesView)) else { return (nil, nil) }
         let reason = value["reason"]?.string.map { APNsReason(rawValue: $0) }
-        let timestamp = value["timestamp"]?.int64 ?? value["timestamp"]?.double.map { Int64($0) }
+        // Int64(exactly:) rather than Int64(_:), which traps on 1e19 or infinity from the server.
+        let timestamp = value["timestamp"]?.int64 ?? value["timestamp"]?.double.flatMap { Int64(exactly: $0.rounded(.towardZero)) }
         return (reason, timestamp)
     }
 
@@ -728,14 +744,27 @@ final class APNsConnection: @unchecked Sendable {
         var wrote = false
         if !streams.isEmpty {
             var expired: [Int32] = []
+            var unsentPastSendBy: [Int32] = []
             streams.forEach { stream, inFlight in
-                if inFlight.request.deadline <= now { expired.append(stream) }
+                if inFlight.request.deadline <= now {
+                    expired.append(stream)
+                } else if inFlight.request.sendBy <= now {
+                    unsentPastSendBy.append(stream)
+                }
             }
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
                 finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
+            }
+            // Handed to the session in time, but its HEADERS still queued there (the peer not
+            // reading, or its stream limit lowered): cancelled before they go out late.
+            for stream in unsentPastSendBy.sorted() where !session.hasSentHeaders(on: stream) {
+                guard let inFlight = streams.removeValue(forKey: stream) else { continue }
+                try? session.submitResetStream(stream, errorCode: .cancel)
+                wrote = true
+                finish(inFlight.request, .notAnswered(APNsRequest.tooLate("while its HEADERS waited to be written")))
             }
         }
         if let drainDeadline, now >= drainDeadline, !streams.isEmpty {

@@ -27,6 +27,10 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     @exclusivity(unchecked) private var closed = false
     /// A `read` held back while a server's channel is not writable.
     @exclusivity(unchecked) private var readHeld = false
+    /// Set while the session produces output: libnghttp2 can close a stream from inside
+    /// `mem_send`, and a delegate that asks for a flush then must not re-enter it.
+    @exclusivity(unchecked) private var producing = false
+    @exclusivity(unchecked) private var flushAgain = false
     /// The output buffer, kept between flushes: TLS has encrypted its bytes by the time
     /// `writeAndFlush` returns, so clearing it reuses the storage instead of allocating (if
     /// anything still holds it, copy-on-write allocates anew).
@@ -121,17 +125,27 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     /// its end) or the channel is not writable (then when it becomes writable).
     func flushOutput() {
         guard !inReadBurst, !closed, let context else { return }
+        guard !producing else {
+            flushAgain = true
+            return
+        }
         // The delegate's per-burst bookkeeping runs even when nothing can be written yet.
         session.delegate?.http2SessionWillFlush(session)
         guard context.channel.isWritable else { return }
         var buffer = output.take() ?? context.channel.allocator.buffer(capacity: 16384)
         buffer.clear()
+        producing = true
         do {
-            try session.produceOutput(into: &buffer)
+            repeat {
+                flushAgain = false
+                try session.produceOutput(into: &buffer)
+            } while flushAgain
         } catch {
+            producing = false
             fail(error)
             return
         }
+        producing = false
         if buffer.readableBytes > 0 {
             context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         }

@@ -173,6 +173,13 @@ public final class HTTP2Session {
         }
     }
 
+    /// Whether `stream`'s HEADERS have gone out (libnghttp2 opens a submitted request's stream
+    /// only when it writes them). For a stream the caller knows is not closed yet, false means
+    /// the request is still queued: the peer is not reading, or its stream limit dropped.
+    public func hasSentHeaders(on stream: Int32) -> Bool {
+        nghttp2_session_find_stream(raw, stream) != nil
+    }
+
     /// Whether the session still wants to read (false after GOAWAY both ways, or a fatal error).
     public var wantsRead: Bool { nghttp2_session_want_read(raw) != 0 }
     /// Whether the session has frames to send.

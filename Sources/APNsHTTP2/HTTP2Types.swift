@@ -180,6 +180,10 @@ public struct HTTP2Error: Error, Sendable, Hashable, CustomStringConvertible {
         self.message = "\(operation): \(String(cString: nghttp2_strerror(Int32(truncatingIfNeeded: code))))"
     }
 
+    /// The connection has used up its stream ids (2^31, odd ones for a client): a new
+    /// connection is needed.
+    public var isStreamIDExhausted: Bool { libraryCode == NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE.rawValue }
+
     /// Whether the connection can go on (a stream-level problem) or must close.
     public var isFatal: Bool { libraryCode != 0 && nghttp2_is_fatal(libraryCode) != 0 }
 

@@ -116,6 +116,38 @@ struct HTTP2SessionTests {
         #expect(client.remoteSetting(.maxConcurrentStreams) == 10)
     }
 
+    @Test("a request queued behind the peer's stream limit has not sent its HEADERS, and a reset cancels it unsent")
+    func queuedRequestCancelled() throws {
+        let serverDelegate = RecordingDelegate()
+        let clientDelegate = RecordingDelegate()
+        var options = HTTP2SessionOptions()
+        options.assumedPeerMaxConcurrentStreams = 1
+        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
+        let client = try HTTP2Session(role: .client, delegate: clientDelegate, options: options)
+        try client.submitSettings([])
+        let headers = [
+            HTTP2Header(":method", "POST"), HTTP2Header(":scheme", "https"),
+            HTTP2Header(":path", "/3/device/00", neverIndex: true), HTTP2Header(":authority", "localhost"),
+        ]
+        let first = try client.submitRequest(headers: headers, body: ByteBuffer(string: "{}"))
+        let second = try client.submitRequest(headers: headers, body: ByteBuffer(string: "{}"))
+        var wire = ByteBuffer()
+        try client.produceOutput(into: &wire)
+        #expect(client.hasSentHeaders(on: first))
+        #expect(!client.hasSentHeaders(on: second), "one stream allowed: the second waits in the session")
+
+        try client.submitResetStream(second, errorCode: .cancel)
+        // The cancelled request leaves the queue once a stream is free: the first one answered.
+        serverDelegate.respond = { session, stream in try? session.submitResponse(stream: stream, headers: [HTTP2Header(":status", "200")]) }
+        try server.submitSettings([.maxConcurrentStreams(1)])
+        try server.receive(wire)
+        try pump(client, server)
+        #expect(clientDelegate.closed[first] == .noError)
+        #expect(clientDelegate.closed[second] == .cancel, "the queued request ends, and its body with it")
+        #expect(serverDelegate.headers[first] != nil)
+        #expect(serverDelegate.headers[second] == nil, "never written")
+    }
+
     @Test("PING, SETTINGS changes, RST_STREAM and GOAWAY with opaque data")
     func controlFrames() throws {
         let serverDelegate = RecordingDelegate()

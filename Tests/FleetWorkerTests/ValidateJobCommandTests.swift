@@ -89,3 +89,26 @@ struct ValidateJobCommandTests {
         #expect(broken.lines.contains { $0.contains("app.a.key-file") }, "\(broken.lines)")
     }
 }
+
+/// `apns-fleet send` checks what it would put into headers and `:path` before connecting.
+@Suite("send: input checks")
+struct SendCommandInputTests {
+    @Test("a topic with CR/LF or a token with a slash is refused, naming the flag, before any connection")
+    func headerInjectionRefused() async throws {
+        let token = String(repeating: "ab", count: 32)
+        let common = ["--host", "127.0.0.1", "--port", "1", "--ca-file", "/nonexistent", "--key-file", "/nonexistent",
+                      "--key-id", "ABC123DEFG", "--team-id", "DEF123GHIJ", "--payload", "{}"]
+        for (arguments, expected) in [
+            (["--token", token, "--topic", "com.example\r\nX-Injected: 1"], "--topic: topic contains control character U+000D"),
+            (["--token", "ab/../cd", "--topic", "com.example.app"], "--token: device token is not hex"),
+        ] {
+            // Through a shell, for the error on standard error.
+            let command = ChildProcess("/bin/sh", ["-c", #"exec "$0" send "$@" 2>&1"#, try apnsFleetBinary()] + arguments + common)
+            try command.start()
+            command.closeInput()
+            let status = try await command.waitForExit(timeout: 30)
+            #expect(status != 0)
+            #expect(command.lines.value.contains { $0.contains(expected) }, "\(command.lines.value)")
+        }
+    }
+}

@@ -116,6 +116,15 @@ struct SendCommand: AsyncParsableCommand {
         guard PushType(rawValue: pushType) != nil else { throw ValidationError("unknown --push-type \(pushType)") }
         if let priority, NotificationPriority(rawValue: priority) == nil { throw ValidationError("--priority must be 10, 5 or 1") }
         guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+        // The job contract's own rules: what goes into a header or :path must not carry CR, LF
+        // or a slash into the request.
+        func check(_ flag: String, _ rule: () throws(JobRejection) -> Void) throws {
+            do { try rule() } catch { throw ValidationError("\(flag): \(error.message)") }
+        }
+        try check("--token") { () throws(JobRejection) in _ = try DeviceToken(hex: token) }
+        if let topic { try check("--topic") { () throws(JobRejection) in _ = try JobRules.topic(topic) } }
+        if let collapseID { try check("--collapse-id") { () throws(JobRejection) in _ = try JobRules.collapseID(collapseID) } }
+        if let apnsID { try check("--apns-id") { () throws(JobRejection) in _ = try JobRules.apnsID(apnsID) } }
         if host != nil {
             guard environment == nil else { throw ValidationError("--environment picks Apple's production or sandbox; it does not go with --host") }
         } else {
