@@ -27,15 +27,16 @@ struct ReliablePublisher: Sendable {
             pending = await sendAll(pending).map { message, error in
                 guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return message }
                 // Too large is permanent: retried as it is, it would hold its record, and so its
-                // partition's offset, forever. Only a DLQ copy of a huge job is that large; a
-                // small message refused with it was in a batch the broker refused whole.
-                guard message.value.count > Self.shrunkValueBytes else {
+                // partition's offset, forever. Only a DLQ copy of a huge job is that large (in
+                // its value or its headers); a small message refused with it was in a batch the
+                // broker refused whole.
+                guard let smaller = shrunk(message) else {
                     logger.error("Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
                         "kafka.topic": "\(message.topic)",
                     ])
                     return message
                 }
-                return shrunk(message)
+                return smaller
             }
             guard !pending.isEmpty else { break }
             if Task.isCancelled { return false }
@@ -47,24 +48,47 @@ struct ReliablePublisher: Sendable {
 
     /// How much of a message's value is kept when Kafka refuses it as too large.
     static let shrunkValueBytes = 64 * 1024
+    /// How much of its headers: the first ones (a DLQ copy's are the job's own, then the
+    /// worker's, which are kept) go until the rest fit.
+    static let shrunkHeaderBytes = 16 * 1024
 
-    /// `message` (larger than `shrunkValueBytes`) with its value cut to its first
-    /// `shrunkValueBytes`, and a header saying how large it was.
-    private func shrunk(_ message: KafkaOutgoingMessage) -> KafkaOutgoingMessage {
+    /// `message` with its value cut to its first `shrunkValueBytes` and its headers to
+    /// `shrunkHeaderBytes`, with headers saying what was cut; nil when it is that small already.
+    private func shrunk(_ message: KafkaOutgoingMessage) -> KafkaOutgoingMessage? {
         var copy = message
-        let original = message.headers.first { $0.key == Self.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
-            ?? String(message.value.count)
-        copy.headers.removeAll { $0.key == Self.truncatedHeader }
-        copy.headers.append(RecordHeader(Self.truncatedHeader, original))
-        copy.value = Array(message.value.prefix(Self.shrunkValueBytes))
+        var changed = false
+        if message.value.count > Self.shrunkValueBytes {
+            let original = message.headers.first { $0.key == Self.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
+                ?? String(message.value.count)
+            copy.headers.removeAll { $0.key == Self.truncatedHeader }
+            copy.headers.append(RecordHeader(Self.truncatedHeader, original))
+            copy.value = Array(message.value.prefix(Self.shrunkValueBytes))
+            changed = true
+        }
+        func size(_ header: RecordHeader) -> Int { header.key.utf8.count + (header.value?.count ?? 0) }
+        var headerBytes = copy.headers.reduce(0) { $0 + size($1) }
+        if headerBytes > Self.shrunkHeaderBytes {
+            var dropped = 0
+            while headerBytes > Self.shrunkHeaderBytes, let first = copy.headers.first {
+                headerBytes -= size(first)
+                copy.headers.removeFirst()
+                dropped += 1
+            }
+            copy.headers.append(RecordHeader(Self.headersDroppedHeader, String(dropped)))
+            changed = true
+        }
+        guard changed else { return nil }
         logger.warning("message too large for Kafka; publishing it cut short", metadata: [
-            "kafka.topic": "\(message.topic)", "kafka.bytes": "\(original)", "kafka.kept_bytes": "\(copy.value.count)",
+            "kafka.topic": "\(message.topic)", "kafka.bytes": "\(message.value.count)", "kafka.kept_bytes": "\(copy.value.count)",
+            "kafka.headers": "\(message.headers.count)", "kafka.kept_headers": "\(copy.headers.count)",
         ])
         return copy
     }
 
     /// Header of a message whose value was cut short: the original length in bytes.
     static let truncatedHeader = "apns-fleet-truncated-from"
+    /// Header of a message whose first headers were dropped: how many.
+    static let headersDroppedHeader = "apns-fleet-headers-dropped"
 
     /// Enqueues every message and waits once for all their delivery reports: one suspension per
     /// group rather than a child task per message. Returns the ones that failed, with why.

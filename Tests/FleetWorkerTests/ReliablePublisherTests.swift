@@ -22,7 +22,12 @@ struct ReliablePublisherTests {
         // A job of 1.2 MB (say, an image pasted into the payload): invalid, and its DLQ copy
         // is over librdkafka's message.max.bytes.
         let huge = KafkaOutgoingMessage(topic: "dlq", value: [UInt8](repeating: 0x61, count: 1_200_000), headers: [RecordHeader("dlq-reason", "payload too large")])
-        let published = try await withTimeout(30, "the publish to finish") { await publisher.publish([huge]) }
+        // A small job whose bulk is in its headers: the job's own go first, the worker's stay.
+        let padding = String(repeating: "h", count: 600_000)
+        let heavyHeaders = KafkaOutgoingMessage(
+            topic: "dlq", value: Array("{}".utf8), headers: [RecordHeader("x-1", padding), RecordHeader("x-2", padding), RecordHeader("dlq-reason", "heavy headers")]
+        )
+        let published = try await withTimeout(30, "the publish to finish") { await publisher.publish([huge, heavyHeaders]) }
         #expect(published)
 
         var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: ["dlq"])
@@ -31,8 +36,12 @@ struct ReliablePublisherTests {
         let records = try await withThrowingTaskGroup(of: [KafkaRecord].self) { group in
             group.addTask { try await reader.run(); return [] }
             group.addTask {
-                for await batch in reader.batches { return batch }
-                return []
+                var records: [KafkaRecord] = []
+                for await batch in reader.batches {
+                    records += batch
+                    if records.count >= 2 { break }
+                }
+                return records
             }
             let first = try await group.next() ?? []
             reader.close()
@@ -43,6 +52,10 @@ struct ReliablePublisherTests {
         #expect(record.value.count == ReliablePublisher.shrunkValueBytes)
         #expect(record.headers.text(ReliablePublisher.truncatedHeader) == "1200000")
         #expect(record.headers.text("dlq-reason") == "payload too large")
+        let second = try #require(records.dropFirst().first)
+        #expect(second.value == Array("{}".utf8))
+        #expect(second.headers.text("dlq-reason") == "heavy headers")
+        #expect(second.headers.text(ReliablePublisher.headersDroppedHeader) == "2")
         await producer.shutdown(flushTimeout: .seconds(2))
     }
 }
