@@ -125,6 +125,11 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     @exclusivity(unchecked) private var lastActivity = NIODeadline.now()
     @exclusivity(unchecked) private var random: SplitMix64
     private var flushScheduled = false
+    /// Answers waiting out the configured latency, in due order, served by one timer: a timer
+    /// per request cost the simulator more than making the answer.
+    @exclusivity(unchecked) private var delayed: [DelayedAnswer] = []
+    @exclusivity(unchecked) private var delayedHead = 0
+    @exclusivity(unchecked) private var delayTimerArmed = false
     @exclusivity(unchecked) private var closed = false
     @exclusivity(unchecked) private var tokenVerificationsCounted = 0
     @exclusivity(unchecked) private var tokenAccepted = false
@@ -285,14 +290,54 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         if behaviour.latency > .zero || behaviour.latencyJitter > .zero {
             var delay = behaviour.latency
             if behaviour.latencyJitter > .zero { delay += behaviour.latencyJitter * random.nextUnit() }
-            // The task holds the connection until it runs; a closed connection ignores it.
-            channel.eventLoop.assumeIsolated().scheduleTask(in: TimeAmount(delay)) {
-                guard !self.closed else { return }
-                self.answer(stream: stream, rejection: rejection, apnsID: apnsID, behaviour: behaviour)
-                self.scheduleFlush()
+            let due = NIODeadline.now() + TimeAmount(delay)
+            if delayedHead < delayed.count, let last = delayed.last, due < last.due {
+                // Out of order (jitter, or the latency lowered while running): a timer of its own,
+                // which holds the connection until it runs; a closed connection ignores it.
+                channel.eventLoop.assumeIsolated().scheduleTask(deadline: due) {
+                    guard !self.closed else { return }
+                    self.answer(stream: stream, rejection: rejection, apnsID: apnsID, behaviour: behaviour)
+                    self.scheduleFlush()
+                }
+            } else {
+                delayed.append(DelayedAnswer(due: due, stream: stream, rejection: rejection, apnsID: apnsID, behaviour: behaviour))
+                armDelayTimer()
             }
         } else {
             answer(stream: stream, rejection: rejection, apnsID: apnsID, behaviour: behaviour)
+        }
+    }
+
+    private struct DelayedAnswer {
+        let due: NIODeadline
+        let stream: Int32
+        let rejection: APNsRejection?
+        let apnsID: ResponseID
+        let behaviour: EffectiveBehaviour
+    }
+
+    /// One timer for the oldest delayed answer; when it fires, every answer due goes out.
+    private func armDelayTimer() {
+        guard !delayTimerArmed, delayedHead < delayed.count else { return }
+        delayTimerArmed = true
+        channel.eventLoop.assumeIsolated().scheduleTask(deadline: delayed[delayedHead].due) {
+            self.delayTimerArmed = false
+            guard !self.closed else { return }
+            let now = NIODeadline.now()
+            while self.delayedHead < self.delayed.count, self.delayed[self.delayedHead].due <= now {
+                let next = self.delayed[self.delayedHead]
+                self.delayedHead += 1
+                self.answer(stream: next.stream, rejection: next.rejection, apnsID: next.apnsID, behaviour: next.behaviour)
+            }
+            if self.delayedHead == self.delayed.count {
+                self.delayed.removeAll(keepingCapacity: true)
+                self.delayedHead = 0
+            } else if self.delayedHead >= 1024, self.delayedHead * 2 >= self.delayed.count {
+                self.delayed.removeFirst(self.delayedHead)
+                self.delayedHead = 0
+            }
+            self.scheduleFlush()
+            self.armDelayTimer()
         }
     }
 
