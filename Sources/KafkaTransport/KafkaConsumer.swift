@@ -233,6 +233,9 @@ final class ConsumerCore: @unchecked Sendable {
     private var started = false
     private var closeRequested = false
     private var revoking: Set<TopicPartition> = []
+    /// Records skipped because their offset was not past the last one taken under the same
+    /// assignment (the partition's log went back), by partition: the lowest offset and a count.
+    private var offsetsGoneBack: [TopicPartition: (offset: Int64, count: Int)] = [:]
     private var pendingRevocations: Set<UInt64> = []
     private var assigned: Set<TopicPartition> = []
     private var userPaused: Set<TopicPartition> = []
@@ -429,10 +432,15 @@ final class ConsumerCore: @unchecked Sendable {
             chunk.withUnsafeBufferPointer { records in
                 for index in records.indices {
                     let partition = records[index].topicPartition
-                    if (!revoking.isEmpty && revoking.contains(partition))
-                        || !tracker.dispatched(partition, offset: records[index].offset, epoch: records[index].assignmentEpoch)
-                    {
+                    if !revoking.isEmpty && revoking.contains(partition) {
                         rejected.append(index)
+                    } else if !tracker.dispatched(partition, offset: records[index].offset, epoch: records[index].assignmentEpoch) {
+                        rejected.append(index)
+                        if tracker.epoch(of: partition) == records[index].assignmentEpoch {
+                            let offset = records[index].offset
+                            let seen = offsetsGoneBack[partition]
+                            offsetsGoneBack[partition] = (min(seen?.offset ?? offset, offset), (seen?.count ?? 0) + 1)
+                        }
                     }
                 }
             }
@@ -568,6 +576,7 @@ final class ConsumerCore: @unchecked Sendable {
                     refreshPausedHighs(rk)
                 }
                 publishLag(rk)
+                reportOffsetsGoneBack()
                 stallReported = checkStall(now: now, last: &lastProgress, alreadyReported: stallReported)
             }
         }
@@ -770,6 +779,24 @@ final class ConsumerCore: @unchecked Sendable {
                     "kafka.error": "\(KafkaError.errorName(error))",
                     "kafka.partitions": "\(failed.map { "\($0.0)@\($0.1): \(KafkaError.errorName($0.2))" })",
                 ]
+            )
+        }
+    }
+
+    /// Records at offsets this assignment had already taken are skipped: nothing tells them from
+    /// a redelivery. After a log truncation (an unclean leader election) they may be new jobs,
+    /// which then get no result, so every such skip is reported, once per second at most.
+    private func reportOffsetsGoneBack() {
+        let skipped: [TopicPartition: (offset: Int64, count: Int)] = locked {
+            defer { offsetsGoneBack.removeAll() }
+            return offsetsGoneBack
+        }
+        for (partition, skip) in skipped.sorted(by: { $0.key.description < $1.key.description }) {
+            Counter(label: "kafka.consumer.records.skipped", dimensions: [("topic", partition.topic), ("partition", "\(partition.partition)")], factory: metrics)
+                .increment(by: skip.count)
+            logger.warning(
+                "records at offsets already taken were skipped: the partition's log went back (an offset reset, or truncation after an unclean leader election)",
+                metadata: ["kafka.partition": "\(partition)", "kafka.offset": "\(skip.offset)", "kafka.skipped": "\(skip.count)"]
             )
         }
     }
