@@ -180,7 +180,9 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         inReadBurst = false
         if let context, !closed {
             var buffer = context.channel.allocator.buffer(capacity: 0)
+            producing = true
             try? session.produceOutput(into: &buffer)
+            producing = false
             if buffer.readableBytes > 0 { context.writeAndFlush(wrapOutboundOut(buffer), promise: nil) }
         }
         closeConnection()

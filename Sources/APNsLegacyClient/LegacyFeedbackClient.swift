@@ -51,9 +51,10 @@ public struct LegacyFeedbackClient: Sendable {
     ///
     /// The service forgets tuples once it has sent them, so every tuple read is delivered, even
     /// when the stream then ends badly (cut inside a tuple, a read error, the deadline): that is
-    /// logged as a warning. It throws when nothing could be read: bad credentials, no connection,
-    /// a failed handshake, or the deadline passing before the first tuple. The deadline covers
-    /// reading; time spent in `deliver` counts too, but what was read is still delivered.
+    /// logged as a warning. It throws when nothing could be read (bad credentials, no connection,
+    /// a failed handshake, the deadline passing before the first tuple) and when the calling task
+    /// is cancelled. The deadline counts only the time spent reading: while a full chunk waits
+    /// for `deliver`, the clock stops.
     public func fetch(timeout: Duration, chunkSize: Int = 10_000, deliver: ([FeedbackTuple]) async -> Void) async throws {
         let sslContext = try LegacyTLS.context(endpoint: endpoint, certificate: certificate)
         let eventLoop = eventLoopGroup.next()
@@ -72,20 +73,26 @@ public struct LegacyFeedbackClient: Sendable {
                 }
             }
         let started = ContinuousClock.now
+        let startedAt = NIODeadline.now()
         let channel: any Channel
         do {
             channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
         } catch {
             throw LegacyClientError(.connect, "cannot connect to the feedback service at \(endpoint.label): \(error)")
         }
-        // The deadline is for the service: it passes only while the client is reading. While a
-        // chunk waits for `deliver` (Kafka slow, say), what the service already sent sits
-        // unread in the socket, and closing then would throw away tuples it has forgotten.
+        // The deadline is for the service, so it counts only reading time. While a chunk waits
+        // for `deliver` (Kafka slow, say), what the service already sent sits unread in the
+        // socket, and closing then would throw away tuples it has forgotten.
         let remaining = timeout - (ContinuousClock.now - started)
+        let budget = TimeAmount(timeout)
         let deadline = NIOLoopBoundBox.makeEmptyBox(valueType: Scheduled<Void>.self, eventLoop: eventLoop)
         @Sendable func expireWhenReading() {
-            guard !reader.isFull, !reader.isHolding else {
-                deadline.value = eventLoop.scheduleTask(in: .milliseconds(100), expireWhenReading)
+            let now = NIODeadline.now()
+            let paused = reader.pausedTime(now: now)
+            let reading = (now - startedAt) - paused.total
+            guard !paused.now, reading >= budget else {
+                let wait = paused.now ? .milliseconds(100) : budget - reading
+                deadline.value = eventLoop.scheduleTask(in: wait, expireWhenReading)
                 return
             }
             signal.yield(.ended(.timedOut))
@@ -96,7 +103,8 @@ public struct LegacyFeedbackClient: Sendable {
         }
 
         var delivered = 0
-        var ending = FeedbackReader.Ending.closed
+        // Stays so only if the signals end without an ending: the task was cancelled.
+        var ending = FeedbackReader.Ending.cancelled
         for await next in signals {
             while case let chunk = reader.take(), !chunk.isEmpty {
                 await deliver(chunk)
@@ -121,8 +129,8 @@ public struct LegacyFeedbackClient: Sendable {
 
         var problem: String?
         switch ending {
-        case .closed where Task.isCancelled:
-            problem = "the poll was cancelled (the worker is stopping)"
+        case .cancelled:
+            throw LegacyClientError(.shutdown, "feedback service at \(endpoint.label): the poll was cancelled (the worker is stopping) after \(delivered) tuples")
         case .closed:
             if let failure { problem = failure }
         case .timedOut:
@@ -151,7 +159,7 @@ private final class FeedbackReader: ChannelDuplexHandler {
     typealias OutboundIn = Never
 
     enum Ending: Sendable, Equatable {
-        case closed, timedOut
+        case closed, timedOut, cancelled
     }
 
     enum Signal: Sendable {
@@ -170,6 +178,9 @@ private final class FeedbackReader: ChannelDuplexHandler {
         var failure: String?
         /// A `read` is held back until `fetch` has taken the chunk.
         var holding = false
+        /// Reading paused since then (a chunk filled up), and how long earlier pauses lasted.
+        var pausedSince: NIODeadline?
+        var pausedTotal = TimeAmount.zero
     }
 
     /// Shared between the event loop and `fetch`.
@@ -196,7 +207,14 @@ private final class FeedbackReader: ChannelDuplexHandler {
         }
 
         var isFull: Bool { state.withLock { $0.tuples.count >= chunkSize } }
-        var isHolding: Bool { state.withLock { $0.holding } }
+
+        /// Whether reading is paused now, and for how long it has been paused in all.
+        func pausedTime(now: NIODeadline) -> (now: Bool, total: TimeAmount) {
+            state.withLock { state in
+                guard let since = state.pausedSince else { return (false, state.pausedTotal) }
+                return (true, state.pausedTotal + (now - since))
+            }
+        }
     }
 
     private let shared: Shared
@@ -212,8 +230,10 @@ private final class FeedbackReader: ChannelDuplexHandler {
             buffer.withUnsafeReadableBytes { state.decoder.append($0) }
             let before = state.tuples.count
             while let tuple = state.decoder.next() { state.tuples.append(tuple) }
-            // Signalled once, when the chunk fills up.
-            return before < shared.chunkSize && state.tuples.count >= shared.chunkSize
+            // Signalled once, when the chunk fills up; reading pauses from then on.
+            guard before < shared.chunkSize, state.tuples.count >= shared.chunkSize else { return false }
+            if state.pausedSince == nil { state.pausedSince = .now() }
+            return true
         }
         if full { shared.signal.yield(.chunk) }
     }
@@ -233,7 +253,12 @@ private final class FeedbackReader: ChannelDuplexHandler {
         }
         promise?.succeed()
         let resume = shared.state.withLock { state in
-            guard state.holding, state.tuples.count < shared.chunkSize else { return false }
+            guard state.tuples.count < shared.chunkSize else { return false }
+            if let since = state.pausedSince {
+                state.pausedTotal = state.pausedTotal + (.now() - since)
+                state.pausedSince = nil
+            }
+            guard state.holding else { return false }
             state.holding = false
             return true
         }

@@ -48,8 +48,8 @@ struct ReliablePublisher: Sendable {
 
     /// How much of a message's value is kept when Kafka refuses it as too large.
     static let shrunkValueBytes = 64 * 1024
-    /// How much of its headers: the first ones (a DLQ copy's are the job's own, then the
-    /// worker's, which are kept) go until the rest fit.
+    /// How much of a DLQ copy's headers: the first ones (the job's own; the worker's come last
+    /// and are kept) go until the rest fit.
     static let shrunkHeaderBytes = 16 * 1024
 
     /// `message` with its value cut to its first `shrunkValueBytes` and its headers to
@@ -67,7 +67,10 @@ struct ReliablePublisher: Sendable {
         }
         func size(_ header: RecordHeader) -> Int { header.key.utf8.count + (header.value?.count ?? 0) }
         var headerBytes = copy.headers.reduce(0) { $0 + size($1) }
-        if headerBytes > Self.shrunkHeaderBytes {
+        // Only a DLQ copy's headers are trimmed: there the job's own come first and nothing
+        // reads them again. A retry record's say which tokens and attempt it stands for.
+        let isDeadLetter = message.headers.contains { $0.key == DeadLetterHeaders.reasonKey }
+        if isDeadLetter, headerBytes > Self.shrunkHeaderBytes {
             var dropped = 0
             while headerBytes > Self.shrunkHeaderBytes, let first = copy.headers.first {
                 headerBytes -= size(first)
