@@ -563,13 +563,6 @@ private final class GatewayConnectionHandler: ChannelInboundHandler {
     }
 }
 
-extension TimeAmount {
-    init(_ duration: Duration) {
-        let (seconds, attoseconds) = duration.components
-        self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
-    }
-}
-
 /// TCP options for gateway connections (Linux names; NIO has none for these).
 enum LegacyTCP {
     /// Keepalives after 15 s idle, every 5 s, three missed; written bytes unacknowledged for

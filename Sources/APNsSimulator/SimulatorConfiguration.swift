@@ -312,5 +312,33 @@ extension APNsSimulatorConfiguration {
         for token in behaviour.unregisteredTokens.keys where !RequestValidator.isWellFormedToken(token[...]) {
             throw SimulatorConfigurationError("unregistered token \(token.prefix(16))… is not 64 to 200 hex digits")
         }
+        for token in behaviour.deviceTopics.keys where !RequestValidator.isWellFormedToken(token[...]) {
+            throw SimulatorConfigurationError("device_topics token \(token.prefix(16))… is not 64 to 200 hex digits")
+        }
+        let ports: [(String, Int?)] = [
+            ("h2 TLS port", listeners.http2TLSPort), ("h2c port", listeners.http2CleartextPort), ("admin port", listeners.adminPort),
+            ("legacy gateway TLS port", listeners.legacyGatewayTLSPort), ("legacy gateway port", listeners.legacyGatewayPlainPort),
+            ("legacy feedback TLS port", listeners.legacyFeedbackTLSPort), ("legacy feedback port", listeners.legacyFeedbackPlainPort),
+        ]
+        for (name, port) in ports {
+            if let port, !(0...65535).contains(port) { throw SimulatorConfigurationError("the \(name) must be 0 to 65535 (0 picks a free one), got \(port)") }
+        }
+        // Durations become event-loop timers: negative ones make no sense, and huge ones would
+        // not fit; a day is far beyond any test.
+        let day = Duration.seconds(86_400)
+        for (name, duration) in [("latency_ms", behaviour.latency), ("latency_jitter_ms", behaviour.latencyJitter)] {
+            guard duration >= .zero, duration <= day else { throw SimulatorConfigurationError("\(name) must be between 0 and a day, got \(duration)") }
+        }
+        guard behaviour.perDeviceWindow > .zero, behaviour.perDeviceWindow <= day else {
+            throw SimulatorConfigurationError("per_device_window_ms must be positive and at most a day, got \(behaviour.perDeviceWindow)")
+        }
+        if let idle = behaviour.idleTimeout, idle <= .zero || idle > day {
+            throw SimulatorConfigurationError("idle_timeout_seconds must be positive and at most a day, got \(idle)")
+        }
+        guard authentication.maximumTokenAge > 0 else { throw SimulatorConfigurationError("max_token_age_seconds must be positive") }
+        guard authentication.minimumTokenChangeInterval >= 0 else { throw SimulatorConfigurationError("min_token_change_interval_seconds must not be negative") }
+        for (team, topics) in authentication.teamTopics where topics.isEmpty || topics.contains(where: \.isEmpty) {
+            throw SimulatorConfigurationError("team \(team)'s topics must be a non-empty list of non-empty topics (an empty list would grant every topic)")
+        }
     }
 }

@@ -1,5 +1,6 @@
 import APNsCore
 import APNsHTTP2
+import DequeModule
 import Foundation
 import Logging
 import NIOCore
@@ -127,8 +128,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     private var flushScheduled = false
     /// Answers waiting out the configured latency, in due order, served by one timer: a timer
     /// per request cost the simulator more than making the answer.
-    @exclusivity(unchecked) private var delayed: [DelayedAnswer] = []
-    @exclusivity(unchecked) private var delayedHead = 0
+    @exclusivity(unchecked) private var delayed = Deque<DelayedAnswer>()
     @exclusivity(unchecked) private var delayTimerArmed = false
     @exclusivity(unchecked) private var closed = false
     @exclusivity(unchecked) private var tokenVerificationsCounted = 0
@@ -291,7 +291,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
             var delay = behaviour.latency
             if behaviour.latencyJitter > .zero { delay += behaviour.latencyJitter * random.nextUnit() }
             let due = NIODeadline.now() + TimeAmount(delay)
-            if delayedHead < delayed.count, let last = delayed.last, due < last.due {
+            if let last = delayed.last, due < last.due {
                 // Out of order (jitter, or the latency lowered while running): a timer of its own,
                 // which holds the connection until it runs; a closed connection ignores it.
                 channel.eventLoop.assumeIsolated().scheduleTask(deadline: due) {
@@ -318,23 +318,15 @@ final class SimulatorConnection: HTTP2SessionDelegate {
 
     /// One timer for the oldest delayed answer; when it fires, every answer due goes out.
     private func armDelayTimer() {
-        guard !delayTimerArmed, delayedHead < delayed.count else { return }
+        guard !delayTimerArmed, let first = delayed.first else { return }
         delayTimerArmed = true
-        channel.eventLoop.assumeIsolated().scheduleTask(deadline: delayed[delayedHead].due) {
+        channel.eventLoop.assumeIsolated().scheduleTask(deadline: first.due) {
             self.delayTimerArmed = false
             guard !self.closed else { return }
             let now = NIODeadline.now()
-            while self.delayedHead < self.delayed.count, self.delayed[self.delayedHead].due <= now {
-                let next = self.delayed[self.delayedHead]
-                self.delayedHead += 1
+            while let next = self.delayed.first, next.due <= now {
+                self.delayed.removeFirst()
                 self.answer(stream: next.stream, rejection: next.rejection, apnsID: next.apnsID, behaviour: next.behaviour)
-            }
-            if self.delayedHead == self.delayed.count {
-                self.delayed.removeAll(keepingCapacity: true)
-                self.delayedHead = 0
-            } else if self.delayedHead >= 1024, self.delayedHead * 2 >= self.delayed.count {
-                self.delayed.removeFirst(self.delayedHead)
-                self.delayedHead = 0
             }
             self.scheduleFlush()
             self.armDelayTimer()
@@ -580,13 +572,6 @@ final class SimulatorConnection: HTTP2SessionDelegate {
 extension ByteBuffer {
     fileprivate mutating func writeChunk(_ chunk: HTTP2DataChunk) {
         chunk.append(to: &self)
-    }
-}
-
-extension TimeAmount {
-    init(_ duration: Duration) {
-        let (seconds, attoseconds) = duration.components
-        self = .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000)
     }
 }
 

@@ -8,7 +8,8 @@ import APNsCore
 /// - Switching to a token issued (`iat`) less than `minimumChangeInterval` after the current
 ///   one gets 429 TooManyProviderTokenUpdates and leaves the current token in place. Timed by
 ///   `iat`, not by when this connection took the current token: a connection opened with a
-///   55-minute-old token must be able to switch to a fresh one five minutes later.
+///   55-minute-old token must be able to switch to a fresh one five minutes later. Once the
+///   current token has expired, any valid replacement is taken.
 public struct TokenAuthenticator: Sendable {
     public let verifier: ProviderTokenVerifier
     /// Seconds between the `iat` of the current token and of its replacement. Default: 1200 (20 minutes).
@@ -59,7 +60,8 @@ public struct TokenAuthenticator: Sendable {
                 result = .failure(error)
             }
             if seen.count >= Self.seenLimit { seen.removeAll(keepingCapacity: true) }
-            seen[String(token)] = result
+            // A token from the future becomes valid as the clock catches up: not remembered.
+            if case .failure(let error) = result, error.code == .issuedInFuture {} else { seen[String(token)] = result }
         }
 
         switch result {
@@ -67,7 +69,11 @@ public struct TokenAuthenticator: Sendable {
             return .failure(APNsRejection(error.code == .expired ? .expiredProviderToken : .invalidProviderToken))
         case .success(let claims):
             if case .failure(let rejection) = checkAge(claims, now: now) { return .failure(rejection) }
-            if let current, minimumChangeInterval > 0, claims.issuedAt - current.claims.issuedAt < minimumChangeInterval {
+            // Once the current token has expired, a valid replacement is taken whatever its iat:
+            // otherwise a replacement refused once would be refused for good.
+            if let current, minimumChangeInterval > 0, claims.issuedAt - current.claims.issuedAt < minimumChangeInterval,
+                case .success = checkAge(current.claims, now: now)
+            {
                 return .failure(APNsRejection(.tooManyProviderTokenUpdates))
             }
             current = (String(token), claims)

@@ -12,66 +12,63 @@ struct FeedbackClientTests {
 
     @Test("reads every tuple the simulator's feedback service coalesces into one write", arguments: [false, true])
     func coalesced(tls: Bool) async throws {
+        let expected = Self.tuples(40)
+        try await withFeedbackService(expected, tls: tls) { client, services in
+            let tuples = try await client.fetch(timeout: .seconds(5))
+            #expect(tuples == expected)
+            #expect(services.counts.feedbackTuplesSent == 40)
+            // The service closes after sending; a second poll reads the same list again.
+            #expect(try await client.fetch(timeout: .seconds(5)).count == 40)
+        }
+    }
+
+    /// The simulator's feedback service listing `tuples`, and a client for it.
+    private func withFeedbackService(
+        _ tuples: [FeedbackTuple], tls: Bool = false, _ body: (LegacyFeedbackClient, LegacyServices) async throws -> Void
+    ) async throws {
         let credentials = try LegacyTestCredentials.make()
         defer { credentials.remove() }
-        let expected = Self.tuples(40)
         let services = try await startLegacyServices(credentials) { configuration in
-            configuration.unregisteredTokens = Dictionary(uniqueKeysWithValues: expected.map { (Fixture.hex($0.token), Int64($0.timestamp) * 1000) })
+            configuration.unregisteredTokens = Dictionary(uniqueKeysWithValues: tuples.map { (Fixture.hex($0.token), Int64($0.timestamp) * 1000) })
         }
         defer { services.shutdown() }
         let port = try #require(services.port(tls ? .feedbackTLS : .feedbackPlain))
         let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: port, tls: tls), certificate: tls ? credentials.certificate : nil, logger: Fixture.logger)
-        let tuples = try await client.fetch(timeout: .seconds(5))
-        #expect(tuples == expected)
-        #expect(services.counts.feedbackTuplesSent == 40)
-        // The service closes after sending; a second poll reads the same list again.
-        #expect(try await client.fetch(timeout: .seconds(5)).count == 40)
+        try await body(client, services)
     }
 
     @Test("a long list is delivered in order, a bounded chunk at a time")
     func chunked() async throws {
-        let credentials = try LegacyTestCredentials.make()
-        defer { credentials.remove() }
         let expected = Self.tuples(40)
-        let services = try await startLegacyServices(credentials) { configuration in
-            configuration.unregisteredTokens = Dictionary(uniqueKeysWithValues: expected.map { (Fixture.hex($0.token), Int64($0.timestamp) * 1000) })
+        try await withFeedbackService(expected) { client, _ in
+            var chunks: [[FeedbackTuple]] = []
+            try await client.fetch(timeout: .seconds(5), chunkSize: 7) { chunks.append($0) }
+            #expect(chunks.flatMap { $0 } == expected)
+            #expect(chunks.allSatisfy { $0.count <= 7 }, "chunk sizes \(chunks.map(\.count))")
+            #expect(chunks.count == 6)
         }
-        defer { services.shutdown() }
-        let port = try #require(services.port(.feedbackPlain))
-        let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: port, tls: false), certificate: nil, logger: Fixture.logger)
-        var chunks: [[FeedbackTuple]] = []
-        try await client.fetch(timeout: .seconds(5), chunkSize: 7) { chunks.append($0) }
-        #expect(chunks.flatMap { $0 } == expected)
-        #expect(chunks.allSatisfy { $0.count <= 7 }, "chunk sizes \(chunks.map(\.count))")
-        #expect(chunks.count == 6)
     }
 
     @Test("a chunk that takes longer to deliver than the deadline loses none of what the service already sent")
     func slowDelivery() async throws {
-        let credentials = try LegacyTestCredentials.make()
-        defer { credentials.remove() }
         // 3,000 distinct tokens, about 114 KB: more than one read, so most of it waits unread
         // in the socket while the first chunk is delivered.
         let expected = (0..<3000).map { index in
             FeedbackTuple(timestamp: 1_767_225_600 + UInt32(index), token: (0..<32).map { UInt8(truncatingIfNeeded: index >> (8 * ($0 % 4))) &+ UInt8($0) })
         }
-        let services = try await startLegacyServices(credentials) { configuration in
-            configuration.unregisteredTokens = Dictionary(uniqueKeysWithValues: expected.map { (Fixture.hex($0.token), Int64($0.timestamp) * 1000) })
-        }
-        defer { services.shutdown() }
-        let port = try #require(services.port(.feedbackPlain))
-        let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: port, tls: false), certificate: nil, logger: Fixture.logger)
-        var received: [FeedbackTuple] = []
-        var first = true
-        try await client.fetch(timeout: .milliseconds(500), chunkSize: 100) { chunk in
-            if first {
-                first = false
-                try? await Task.sleep(for: .milliseconds(1500))  // Kafka slow: past the deadline
+        try await withFeedbackService(expected) { client, _ in
+            var received: [FeedbackTuple] = []
+            var first = true
+            try await client.fetch(timeout: .milliseconds(500), chunkSize: 100) { chunk in
+                if first {
+                    first = false
+                    try? await Task.sleep(for: .milliseconds(1500))  // Kafka slow: past the deadline
+                }
+                received += chunk
             }
-            received += chunk
+            #expect(received.count == expected.count)
+            #expect(received == expected.sorted { $0.timestamp < $1.timestamp })
         }
-        #expect(received.count == expected.count)
-        #expect(received == expected.sorted { $0.timestamp < $1.timestamp })
     }
 
     @Test("reads tuples split at every possible place: byte by byte and in odd chunks")

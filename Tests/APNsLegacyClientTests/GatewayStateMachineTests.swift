@@ -24,6 +24,15 @@ struct GatewayStateMachineTests {
         }
     }
 
+    /// A machine with `count` notifications (waiters 1...count) written on connection 1.
+    func drained(_ count: Int, window: Int = 100, resends: Int = 2, identifies: Bool = true) -> Machine {
+        var machine = machine(window: window, resends: resends, identifies: identifies)
+        enqueue(&machine, 1...count)
+        _ = machine.connectionActive(1)
+        _ = machine.drain(1, now: start)
+        return machine
+    }
+
     func verdicts(_ actions: Machine.Actions) -> [Int: LegacyGatewayVerdict] {
         Dictionary(uniqueKeysWithValues: actions.resumes.map { ($0.waiter, $0.verdict) })
     }
@@ -61,10 +70,7 @@ struct GatewayStateMachineTests {
 
     @Test("the quiet period counts from when the bytes reached the socket")
     func quietPeriod() {
-        var machine = machine()
-        enqueue(&machine, 1...2)
-        _ = machine.connectionActive(1)
-        _ = machine.drain(1, now: start)
+        var machine = drained(2)
         #expect(machine.tick(now: start + .seconds(5)).resumes.isEmpty, "not yet written to the socket")
         machine.written(1, count: 1, now: start + .seconds(5))
         machine.written(1, count: 1, now: start + .milliseconds(5500))
@@ -75,10 +81,7 @@ struct GatewayStateMachineTests {
 
     @Test("a close without an error-response re-sends what did not pass its quiet period, a bounded number of times")
     func closeWithoutErrorResponse() {
-        var machine = machine(resends: 1)
-        enqueue(&machine, 1...3)
-        _ = machine.connectionActive(1)
-        _ = machine.drain(1, now: start)
+        var machine = drained(3, resends: 1)
         machine.written(1, count: 1, now: start)
         machine.written(1, count: 2, now: start + .milliseconds(600))
         let closed = machine.connectionClosed(1, now: start + .seconds(1))
@@ -102,20 +105,14 @@ struct GatewayStateMachineTests {
 
     @Test("an error-response naming nothing in the window re-sends the whole window")
     func unattributed() {
-        var machine = machine()
-        enqueue(&machine, 1...3)
-        _ = machine.connectionActive(1)
-        _ = machine.drain(1, now: start)
+        var machine = drained(3)
         let actions = machine.errorResponse(1, LegacyErrorResponse(status: .processingError, identifier: 999), now: start)
         #expect(actions.resumes.isEmpty)
         #expect(actions.unattributed == LegacyErrorResponse(status: .processingError, identifier: 999))
         #expect(Array(machine.pending) == [1, 2, 3])
 
         // Once the re-sends are used up, the verdict says what happened: not a closed connection.
-        var exhausted = self.machine(resends: 0)
-        enqueue(&exhausted, 1...1)
-        _ = exhausted.connectionActive(1)
-        _ = exhausted.drain(1, now: start)
+        var exhausted = drained(1, resends: 0)
         let got = verdicts(exhausted.errorResponse(1, LegacyErrorResponse(status: .processingError, identifier: 999), now: start))
         guard case .notAnswered(let why)? = got[1] else {
             Issue.record("\(got)")
@@ -126,17 +123,11 @@ struct GatewayStateMachineTests {
 
     @Test("the simple format can only blame a notification when it was alone in the window")
     func simpleFormat() {
-        var machine = machine(identifies: false)
-        enqueue(&machine, 1...1)
-        _ = machine.connectionActive(1)
-        _ = machine.drain(1, now: start)
+        var machine = drained(1, identifies: false)
         let alone = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 0), now: start)
         #expect(verdicts(alone) == [1: .rejected(.invalidToken)])
 
-        var crowded = self.machine(resends: 0, identifies: false)
-        enqueue(&crowded, 1...2)
-        _ = crowded.connectionActive(1)
-        _ = crowded.drain(1, now: start)
+        var crowded = drained(2, resends: 0, identifies: false)
         let got = verdicts(crowded.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 0), now: start))
         guard case .notAnswered(let why)? = got[1] else {
             Issue.record("\(got)")
@@ -146,10 +137,7 @@ struct GatewayStateMachineTests {
 
         // A "passed" status (10, shutdown) names no notification in this format: the one in the
         // window is written again, never rejected.
-        var shutdown = self.machine(identifies: false)
-        enqueue(&shutdown, 1...1)
-        _ = shutdown.connectionActive(1)
-        _ = shutdown.drain(1, now: start)
+        var shutdown = drained(1, identifies: false)
         let answered = shutdown.errorResponse(1, LegacyErrorResponse(status: LegacyErrorStatus(code: 10), identifier: 0), now: start)
         #expect(answered.resumes.isEmpty)
         #expect(Array(shutdown.pending) == [1], "queued to be written again")

@@ -36,6 +36,27 @@ struct SimulatorConfigurationTests {
         try configuration.validate()
     }
 
+    @Test(
+        "values that would crash the simulator or quietly mean something else are refused at start, naming the setting",
+        arguments: [
+            (#"{"h2c_port": 70000}"#, "h2c port must be 0 to 65535"),
+            (#"{"latency_ms": 9223372036854775}"#, "latency_ms must be between 0 and a day"),
+            (#"{"latency_ms": -5}"#, "latency_ms must be between 0 and a day"),
+            (#"{"per_device_limit": 5, "per_device_window_ms": -1}"#, "per_device_window_ms must be positive"),
+            (#"{"idle_timeout_seconds": 0}"#, "idle_timeout_seconds must be positive"),
+            (#"{"max_token_age_seconds": 0}"#, "max_token_age_seconds must be positive"),
+            (#"{"team_topics": {"TEAM000001": []}}"#, "an empty list would grant every topic"),
+        ]
+    )
+    func dangerousValues(json: String, message: String) throws {
+        do {
+            try apply(json).validate()
+            Issue.record("\(json) was accepted")
+        } catch let error as SimulatorConfigurationError {
+            #expect(error.description.contains(message), "\(error)")
+        }
+    }
+
     @Test("a misspelt setting is refused, not silently left at its default")
     func unknownSetting() {
         #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"certificat_file": "server.pem"}"#) }

@@ -68,6 +68,12 @@ struct TokenAuthenticatorTests {
         #expect(auth.authenticate(authorization: "bearer \(second)", now: now + 1300) == .failure(APNsRejection(.tooManyProviderTokenUpdates)))
         #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(third)", now: now + 1300).get() }
         #expect(auth.verifications == 3)
+
+        // A replacement refused while the current token was young is taken once that one expired.
+        var stuck = authenticator()
+        #expect(throws: Never.self) { try stuck.authenticate(authorization: "bearer \(first)", now: now).get() }
+        #expect(stuck.authenticate(authorization: "bearer \(second)", now: now + 60) == .failure(APNsRejection(.tooManyProviderTokenUpdates)))
+        #expect(throws: Never.self) { try stuck.authenticate(authorization: "bearer \(second)", now: now + 3601).get() }
     }
 
     @Test("a connection opened with an old token may switch to a fresh one at once (timed by iat, not by the connection)")

@@ -206,8 +206,9 @@ public struct ProviderTokenVerifier: Sendable {
             throw ProviderTokenError(.badClaims, "the claims have no iss string")
         }
         guard let iatValue = claims["iat"] else { throw ProviderTokenError(.badClaims, "the claims have no iat") }
-        guard case .number = iatValue, let issuedAt = iatValue.int64 else {
-            throw ProviderTokenError(.badClaims, "iat must be a NumericDate (an integer), got \(Self.describe(iatValue))")
+        // Before 1970 is no NumericDate a signer makes, and the age arithmetic below could overflow.
+        guard case .number = iatValue, let issuedAt = iatValue.int64, issuedAt >= 0 else {
+            throw ProviderTokenError(.badClaims, "iat must be a NumericDate (a non-negative integer), got \(Self.describe(iatValue))")
         }
         guard let publicKey = keys[KeyName(keyID: keyID, teamID: teamID)] else {
             throw ProviderTokenError(.unknownKey, "no key \(JobRules.quoted(JobRules.clip(keyID))) for team \(JobRules.quoted(JobRules.clip(teamID)))")
