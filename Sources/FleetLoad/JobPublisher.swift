@@ -35,7 +35,8 @@ public struct JobPublisher: Sendable {
         var lastProgress = started
         for index in 0..<count {
             if let rate, rate > 0 {
-                let due = started + .nanoseconds(Int64(Double(index) / rate * 1e9))
+                // Clamped: a tiny rate and a large index would not fit in Int64 nanoseconds.
+                let due = started + .nanoseconds(Int64(min(Double(index) / rate * 1e9, 9e18)))
                 if due > .now { try await Task.sleep(until: due) }
             }
             let job = generator.next(now: clock())

@@ -45,10 +45,10 @@ public final class MockKafkaCluster: @unchecked Sendable {
 
     /// Creates a topic (the mock cluster implements no CreateTopics request).
     public func createTopic(_ name: String, partitions: Int, replicationFactor: Int = 1) throws(KafkaError) {
-        guard partitions >= 1, replicationFactor >= 1, replicationFactor <= brokerCount else {
+        guard (1...100_000).contains(partitions), replicationFactor >= 1, replicationFactor <= brokerCount else {
             throw KafkaError(
                 code: .invalidArgument,
-                message: "topic \(name): need partitions >= 1 and 1 <= replication factor <= \(brokerCount)"
+                message: "topic \(name): need 1 <= partitions <= 100000 and 1 <= replication factor <= \(brokerCount)"
             )
         }
         try check(rd_kafka_mock_topic_create(cluster, name, Int32(partitions), Int32(replicationFactor)), "create topic \(name)")

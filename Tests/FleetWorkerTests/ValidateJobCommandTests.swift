@@ -112,3 +112,31 @@ struct SendCommandInputTests {
         }
     }
 }
+
+/// `apns-fleet publish --file` reads its input as bytes, line by line, before it connects.
+@Suite("publish: input checks")
+struct PublishCommandInputTests {
+    @Test("a file with CRLF line ends is read line by line, and invalid UTF-8 is refused, not replaced")
+    func crlfAndInvalidUTF8() async throws {
+        let token = String(repeating: "ab", count: 32)
+        let directory = NSTemporaryDirectory() + "apns-fleet-publish-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let good = Array(#"{"token":"\#(token)","payload":{}}"#.utf8)
+        let cases: [(String, [UInt8], String)] = [
+            ("crlf.jsonl", good + Array("\r\n".utf8) + Array(#"{"token":"zz","payload":{}}"#.utf8) + Array("\r\n".utf8), "line 2: "),
+            ("latin1.jsonl", Array(#"{"token":"\#(token)","payload":{"alert":"caf"#.utf8) + [0xE9] + Array(#""}}"#.utf8) + [0x0A], "line 1: "),
+        ]
+        for (name, bytes, expected) in cases {
+            let path = (directory as NSString).appendingPathComponent(name)
+            try Data(bytes).write(to: URL(fileURLWithPath: path))
+            // Port 1: nothing listens there; the input is refused before any connection.
+            let command = ChildProcess("/bin/sh", ["-c", #"exec "$0" publish --brokers 127.0.0.1:1 --file "$1" 2>&1"#, try apnsFleetBinary(), path])
+            try command.start()
+            command.closeInput()
+            let status = try await command.waitForExit(timeout: 30)
+            #expect(status != 0)
+            #expect(command.lines.value.contains { $0.contains(expected) && $0.contains("nothing was published") }, "\(name): \(command.lines.value)")
+        }
+    }
+}

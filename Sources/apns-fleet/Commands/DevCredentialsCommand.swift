@@ -51,6 +51,8 @@ struct DevCredentialsCommand: ParsableCommand {
     func validate() throws {
         // APNs (and the worker's configuration, and send) take 10 letters or digits.
         try checkAppleIdentifiers(["--key-id": keyID, "--team-id": teamID])
+        // It goes into the client certificate's topics extension and the simulator's topic list.
+        do { _ = try JobRules.topic(topic) } catch { throw ValidationError("--topic: \(error.message)") }
     }
 
     func run() throws {

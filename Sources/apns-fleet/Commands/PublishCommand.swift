@@ -111,7 +111,9 @@ struct PublishCommand: AsyncParsableCommand {
         }
         if !token.isEmpty, payload == nil { throw ValidationError("--token needs --payload (the APNs payload JSON)") }
         if let generate, generate <= 0 { throw ValidationError("--generate must be positive") }
-        if let rate, rate <= 0 { throw ValidationError("--rate must be positive") }
+        guard (2...1000).contains(fanoutSize) else { throw ValidationError("--fanout-size must be 2 to 1000 (a worker takes at most 1000 tokens per job by default)") }
+        guard (1...1_000_000).contains(deadTokens) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
+        if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
         if noValidate, encoding == .headers { throw ValidationError("--no-validate works with --encoding json only") }
         if generate != nil, encoding == .headers {
             throw ValidationError("--generate mixes both encodings itself (the headers kind); leave --encoding out")
@@ -188,23 +190,23 @@ struct PublishCommand: AsyncParsableCommand {
                 throw UsageError("the job is invalid: \(error.reason)")
             }
         }
-        let text: String
+        // Bytes, not text: a String would replace invalid UTF-8 with U+FFFD (publishing an
+        // altered job), and would not split CRLF lines.
+        let input: [UInt8]
         if file == "-" {
-            text = String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
+            input = Array(FileHandle.standardInput.readDataToEndOfFile())
         } else if let file {
             guard let data = FileManager.default.contents(atPath: file) else { throw UsageError("cannot read \(file)") }
-            text = String(decoding: data, as: UTF8.self)
+            input = Array(data)
         } else {
             return []
         }
         var messages: [KafkaOutgoingMessage] = []
-        for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let trimmed = line.trimmingCharacters(in: .whitespaces)
-            guard !trimmed.isEmpty else { continue }
+        for line in JobInputSplitter.lines(in: input) {
             do {
-                messages.append(try JobRecords.record(envelope: Array(trimmed.utf8), topic: topic, encoding: encoding, validate: !noValidate))
+                messages.append(try JobRecords.record(envelope: line.bytes, topic: topic, encoding: encoding, validate: !noValidate))
             } catch {
-                throw UsageError("\(file ?? "input") line \(number + 1): \(error.reason); nothing was published")
+                throw UsageError("\(file ?? "input") line \(line.number): \(error.reason); nothing was published")
             }
         }
         guard !messages.isEmpty else { throw UsageError("\(file ?? "input") holds no jobs") }

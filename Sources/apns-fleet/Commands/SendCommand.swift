@@ -109,13 +109,13 @@ struct SendCommand: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        guard count >= 1 else { throw ValidationError("--count must be at least 1") }
+        guard (1...100_000_000).contains(count) else { throw ValidationError("--count must be 1 to 100,000,000") }
         guard concurrency >= 1 else { throw ValidationError("--concurrency must be at least 1") }
-        guard warmup >= 0 else { throw ValidationError("--warmup must not be negative") }
+        guard (0...100_000_000).contains(warmup) else { throw ValidationError("--warmup must be 0 to 100,000,000") }
         guard connections >= 1 else { throw ValidationError("--connections must be at least 1") }
         guard PushType(rawValue: pushType) != nil else { throw ValidationError("unknown --push-type \(pushType)") }
         if let priority, NotificationPriority(rawValue: priority) == nil { throw ValidationError("--priority must be 10, 5 or 1") }
-        guard timeout > 0 else { throw ValidationError("--timeout must be positive") }
+        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be more than 0 and at most 3600 seconds") }
         // The job contract's own rules: what goes into a header or :path must not carry CR, LF
         // or a slash into the request.
         func check(_ flag: String, _ rule: () throws(JobRejection) -> Void) throws {

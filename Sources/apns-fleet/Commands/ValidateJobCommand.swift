@@ -115,16 +115,23 @@ enum JobInputSplitter {
         if (try? JSONParser.parse(input)) != nil {
             return [("job", input)]
         }
-        var records: [(String, [UInt8])] = []
+        return lines(in: input).map { ("line \($0.number)", $0.bytes) }
+    }
+
+    /// The non-blank lines of `input` as bytes, numbered from 1: split on LF with a CR before
+    /// it dropped (files written on Windows), bytes kept as they are (invalid UTF-8 included,
+    /// for the checks to name).
+    static func lines(in input: [UInt8]) -> [(number: Int, bytes: [UInt8])] {
+        var lines: [(number: Int, bytes: [UInt8])] = []
         var lineNumber = 0
         for line in input.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
             lineNumber += 1
             var bytes = Array(line)
             if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
             if bytes.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
-            records.append(("line \(lineNumber)", bytes))
+            lines.append((lineNumber, bytes))
         }
-        return records
+        return lines
     }
 }
 

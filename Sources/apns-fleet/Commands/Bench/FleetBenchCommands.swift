@@ -41,10 +41,11 @@ struct FleetBenchOptions: ParsableArguments {
     var dir = ".bench"
 
     func validate() throws {
-        guard jobs > 0, warmup >= 0, warmup + 1 < jobs, partitions > 0, runs > 0 else {
+        guard jobs > 0, warmup >= 0, warmup < jobs - 1, partitions > 0, runs > 0 else {
             throw ValidationError("--jobs, --partitions and --runs must be positive, and --warmup must leave at least two results to measure (below --jobs - 1)")
         }
         if let mix { _ = try JobMix(parsing: mix) }
+        if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
     }
 
     func settings(workers: Int) throws -> FleetBench.Settings {
