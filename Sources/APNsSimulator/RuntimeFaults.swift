@@ -47,7 +47,10 @@ public final class RuntimeFaults: Sendable {
             guard internalServerError + serviceUnavailable <= 1 else {
                 throw SimulatorConfigurationError("the 500 and 503 rates add up to more than 1")
             }
-            if let latency, latency < .zero { throw SimulatorConfigurationError("latency must not be negative") }
+            // A day at most, as at start: beyond that a timer (and this description) would not fit.
+            if let latency, latency < .zero || latency > .seconds(86_400) {
+                throw SimulatorConfigurationError("latency must be between 0 and a day, got \(latency)")
+            }
         }
     }
 

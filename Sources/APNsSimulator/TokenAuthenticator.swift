@@ -19,7 +19,9 @@ public struct TokenAuthenticator: Sendable {
     /// The whole `authorization` header of the current token.
     private var currentHeader = ""
     /// Tokens already checked on this connection (valid or not), so none is verified twice.
-    private var seen: [String: Result<VerifiedProviderToken, ProviderTokenError>] = [:]
+    /// A token from the future is kept with the second it was checked, and checked again only
+    /// once the clock has moved on: it becomes valid as the clock catches up.
+    private var seen: [String: (result: Result<VerifiedProviderToken, ProviderTokenError>, checkedAt: Int64)] = [:]
     private static let seenLimit = 16
 
     /// How many signature verifications this connection has done.
@@ -50,8 +52,8 @@ public struct TokenAuthenticator: Sendable {
         }
 
         let result: Result<VerifiedProviderToken, ProviderTokenError>
-        if let known = seen[String(token)] {
-            result = known
+        if let known = seen[String(token)], !(known.checkedAt < now && Self.isFromTheFuture(known.result)) {
+            result = known.result
         } else {
             verifications += 1
             do {
@@ -60,8 +62,7 @@ public struct TokenAuthenticator: Sendable {
                 result = .failure(error)
             }
             if seen.count >= Self.seenLimit { seen.removeAll(keepingCapacity: true) }
-            // A token from the future becomes valid as the clock catches up: not remembered.
-            if case .failure(let error) = result, error.code == .issuedInFuture {} else { seen[String(token)] = result }
+            seen[String(token)] = (result, now)
         }
 
         switch result {
@@ -80,6 +81,10 @@ public struct TokenAuthenticator: Sendable {
             currentHeader = authorization
             return .success(claims)
         }
+    }
+
+    private static func isFromTheFuture(_ result: Result<VerifiedProviderToken, ProviderTokenError>) -> Bool {
+        if case .failure(let error) = result { error.code == .issuedInFuture } else { false }
     }
 
     private func checkAge(_ claims: VerifiedProviderToken, now: Int64) -> Result<VerifiedProviderToken, APNsRejection> {

@@ -55,6 +55,17 @@ struct TokenAuthenticatorTests {
         #expect(auth.authenticate(authorization: "bearer \(current)", now: now + 3601) == .failure(APNsRejection(.expiredProviderToken)))
     }
 
+    @Test("a token from a clock that runs ahead is refused, checked again only once a second, and taken when the clock catches up")
+    func tokenFromTheFuture() throws {
+        var auth = authenticator()
+        let early = try signer.token(issuedAt: now + 600)
+        #expect(auth.authenticate(authorization: "bearer \(early)", now: now) == .failure(APNsRejection(.invalidProviderToken)))
+        #expect(auth.authenticate(authorization: "bearer \(early)", now: now) == .failure(APNsRejection(.invalidProviderToken)))
+        #expect(auth.verifications == 1, "the same second: not verified again")
+        #expect(throws: Never.self) { try auth.authenticate(authorization: "bearer \(early)", now: now + 600).get() }
+        #expect(auth.verifications == 2)
+    }
+
     @Test("a token issued within 20 minutes of the current one is TooManyProviderTokenUpdates; one issued 20 minutes later is fine")
     func tokenChanges() throws {
         var auth = authenticator()

@@ -111,7 +111,7 @@ struct PublishCommand: AsyncParsableCommand {
         }
         if !token.isEmpty, payload == nil { throw ValidationError("--token needs --payload (the APNs payload JSON)") }
         if let generate, generate <= 0 { throw ValidationError("--generate must be positive") }
-        guard (2...1000).contains(fanoutSize) else { throw ValidationError("--fanout-size must be 2 to 1000 (a worker takes at most 1000 tokens per job by default)") }
+        guard (2...100_000).contains(fanoutSize) else { throw ValidationError("--fanout-size must be 2 to 100,000 (the most worker.max-tokens-per-job allows)") }
         guard (1...1_000_000).contains(deadTokens) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
         if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
         if noValidate, encoding == .headers { throw ValidationError("--no-validate works with --encoding json only") }
