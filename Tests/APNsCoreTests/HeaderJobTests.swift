@@ -53,6 +53,9 @@ struct HeaderJobTests {
             ([("apns-token", tokenA), ("apns-topic", "a"), ("apns-topic", "b")], "apns-topic header: header apns-topic appears more than once"),
             ([("apns-token", tokenA), ("x-trace-id", "1"), ("x-trace-id", "2"), ("apns-token", tokenA)], "apns-token header: header apns-token appears more than once"),
             ([("apns-token", tokenA), ("meta", "[1]")], "meta header: meta must be a JSON object: invalid JSON at byte 0: expected a JSON object"),
+            // Integers as JSON writes them: what an envelope job could not carry, a header job cannot either.
+            ([("apns-token", tokenA), ("apns-priority", "+10")], "apns-priority header: priority is +10; it must be 10, 5 or 1"),
+            ([("apns-token", tokenA), ("apns-priority", "0010")], "apns-priority header: priority is 0010; it must be 10, 5 or 1"),
         ]
     )
     func rules(headers: [(String, String)], reason: String) {

@@ -22,6 +22,15 @@ struct JSONWriterTests {
         return #"{"v":\#(rounded)}"#
     }
 
+    @Test("numbers at the edges of the digit path stay valid JSON: no trailing dot, no inf")
+    func numbersAtTheEdges() throws {
+        #expect(written(999_999_999_999_999.6, decimals: 0) == #"{"v":1000000000000000}"#)
+        #expect(written(1e306, decimals: 3) == #"{"v":null}"#)
+        for text in [written(999_999_999_999_999.6, decimals: 0), written(1e306)] {
+            #expect((try? JSONParser.parse(Array(text.utf8))) != nil, "\(text)")
+        }
+    }
+
     @Test("numbers come out as Swift's description of the rounded value: latencies, negatives, edges")
     func doublesMatchTheDescription() {
         var generator = SplitMix64(seed: 2026)

@@ -119,7 +119,7 @@ struct JobEnvelopeTests {
             (#"{"token":"\#(tokenA)","payload":{},"to\u006ben":"\#(tokenB)"}"#, "token: key \"token\" appears more than once"),
             (#"{"x\u0079":1,"token":"\#(tokenA)","payload":{},"xy":2}"#, "xy: key \"xy\" appears more than once"),
             // A key's bad escape is reported before its missing ':'.
-            (#"{"\ud800" 1}"#, "invalid JSON at byte 8: unpaired UTF-16 surrogate in \\u escape"),
+            (#"{"\ud800" 1}"#, "invalid JSON at byte 2: unpaired UTF-16 surrogate in \\u escape"),
         ]
     )
     func rules(input: String, reason: String) {
@@ -213,6 +213,19 @@ struct HostileInputTests {
     func loneSurrogate() {
         #expect(rejection(#"{"token":"\#(tokenA)","payload":{},"topic":"\ud800x"}"#)?.contains("unpaired UTF-16 surrogate") == true)
         #expect(rejection(#"{"token":"\#(tokenA)","payload":{},"topic":"\ud83d\ude00"}"#) == nil)
+        // Also inside values that are only checked, not decoded: the payload goes to APNs and
+        // meta into every result, where strict parsers refuse a lone surrogate.
+        #expect(rejection(#"{"token":"\#(tokenA)","payload":{"aps":{"alert":"\ud800"}}}"#)?.contains("unpaired UTF-16 surrogate") == true)
+        #expect(rejection(#"{"token":"\#(tokenA)","payload":{},"meta":{"x":"\udc00"}}"#)?.contains("unpaired UTF-16 surrogate") == true)
+        #expect(rejection(#"{"token":"\#(tokenA)","payload":{"aps":{"alert":"\ud83d\ude00"}}}"#) == nil)
+    }
+
+    @Test("a reason stays short however long the value it quotes, combining marks included")
+    func reasonsAreBounded() {
+        let marks = "a" + String(repeating: "\u{0301}", count: 100_000)
+        let reason = rejection(#"{"token":"\#(tokenA)","payload":{},"push_type":"\#(marks)"}"#)
+        #expect(reason?.hasPrefix("push_type: unknown push type") == true)
+        #expect((reason?.utf8.count ?? .max) < 1100, "\(reason?.utf8.count ?? 0) bytes")
     }
 
     @Test("huge strings and 1 MB values are refused by size, not parsed forever")

@@ -37,10 +37,10 @@ public struct RetryHeaders: Sendable, Hashable {
     public init?(headers: [RecordHeader]) throws(ContractDecodingError) {
         guard let attemptText = headers.text(Self.attemptKey) else { return nil }
         // Bounded far above any retry.max-attempts (at most 1,000), so counting on cannot overflow.
-        guard let attempt = Int(attemptText), attempt >= 1, attempt <= Self.maximumAttempt else {
+        guard let attempt = JobRules.integer(attemptText).map(Int.init), attempt >= 1, attempt <= Self.maximumAttempt else {
             throw ContractDecodingError(contract: "retry headers", field: Self.attemptKey, "must be an integer from 1 to \(Self.maximumAttempt), got \(JobRules.quoted(JobRules.clip(attemptText)))")
         }
-        guard let notBeforeText = headers.text(Self.notBeforeKey), let notBefore = Int64(notBeforeText), notBefore >= 0 else {
+        guard let notBeforeText = headers.text(Self.notBeforeKey), let notBefore = JobRules.integer(notBeforeText), notBefore >= 0 else {
             throw ContractDecodingError(contract: "retry headers", field: Self.notBeforeKey, "must be unix milliseconds")
         }
         self.attempt = attempt

@@ -288,8 +288,8 @@ public struct JobDecoder: Sendable {
         }
         job.topic = try rule(.topic, JobRules.topic)
         job.pushType = try rule(.pushType, JobRules.pushType)
-        job.priority = try rule(.priority) { text throws(JobRejection) in try JobRules.priority(Int64(text), literal: text) }
-        job.expiration = try rule(.expiration) { text throws(JobRejection) in try JobRules.expiration(Int64(text), literal: text) }
+        job.priority = try rule(.priority) { text throws(JobRejection) in try JobRules.priority(JobRules.integer(text), literal: text) }
+        job.expiration = try rule(.expiration) { text throws(JobRejection) in try JobRules.expiration(JobRules.integer(text), literal: text) }
         job.collapseID = try rule(.collapseID, JobRules.collapseID)
         job.apnsID = try rule(.apnsID, JobRules.apnsID)
         job.id = try rule(.jobID) { text throws(JobRejection) in try JobRules.identifier(text, field: "job-id") }

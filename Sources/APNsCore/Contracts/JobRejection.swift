@@ -18,9 +18,13 @@ public struct JobRejection: Error, Sendable, Hashable, CustomStringConvertible {
     /// The field is escaped and clipped like any other quoted value: it can be a key the
     /// producer wrote (an unknown or repeated one), and the reason travels in a Kafka header.
     public var reason: String {
-        guard let field else { return message }
-        return "\(JobRules.escaped(JobRules.clip(field))): \(message)"
+        let full = field.map { "\(JobRules.escaped(JobRules.clip($0))): \(message)" } ?? message
+        // A backstop: every value quoted in a message is clipped, but the reason is copied into
+        // each token's result and the DLQ header, so it never grows past a kilobyte or so.
+        return full.utf8.count <= Self.maximumReasonBytes ? full : JobRules.clip(full, to: Self.maximumReasonBytes / 4)
     }
+
+    static let maximumReasonBytes = 1024
 
     public var description: String { reason }
 }

@@ -13,7 +13,7 @@ public enum JobRules {
 
     public static func pushType(_ text: String) throws(JobRejection) -> PushType {
         guard let value = PushType(rawValue: text) else {
-            throw JobRejection(field: "push_type", "unknown push type \(quoted(text)); expected one of \(PushType.allNames)")
+            throw JobRejection(field: "push_type", "unknown push type \(quoted(clip(text))); expected one of \(PushType.allNames)")
         }
         return value
     }
@@ -130,9 +130,26 @@ public enum JobRules {
         return out
     }
 
-    /// Long hostile values are cut in messages so that reasons stay readable.
+    /// An integer written as JSON writes it (`-?(0|[1-9][0-9]*)`), for header values: Swift's
+    /// `Int64(_:)` also takes `+10` and `0010`, which an envelope job could not carry.
+    public static func integer(_ text: String) -> Int64? {
+        var digits = Substring(text)[...]
+        if digits.first == "-" { digits = digits.dropFirst() }
+        guard let first = digits.utf8.first, first >= UInt8(ascii: "0"), first <= UInt8(ascii: "9"),
+            digits.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }),
+            first != UInt8(ascii: "0") || digits.utf8.count == 1
+        else { return nil }
+        return Int64(text)
+    }
+
+    /// Long hostile values are cut in messages so that reasons stay readable. Counted in
+    /// scalars, not Characters: one letter with 200,000 combining marks is one Character.
     static func clip(_ text: String, to limit: Int = 40) -> String {
-        text.count <= limit ? text : String(text.prefix(limit)) + "…"
+        let scalars = text.unicodeScalars
+        guard scalars.count > limit else { return text }
+        var clipped = String.UnicodeScalarView()
+        clipped.append(contentsOf: scalars.prefix(limit))
+        return String(clipped) + "…"
     }
 }
 

@@ -275,10 +275,19 @@ public struct JSONParser {
                     UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
                     index += 2
                 case UInt8(ascii: "u"):
-                    guard index + 5 < end, (2...5).allSatisfy({ Self.hexValue(bytes[index + $0]) != nil }) else {
-                        throw JSONSyntaxError("invalid \\u escape", at: index)
+                    guard let unit = escapedUnit(at: index) else { throw JSONSyntaxError("invalid \\u escape", at: index) }
+                    // Surrogates are checked here too, not only when the string is unescaped: a
+                    // skipped value (a payload, meta) must not carry a lone one either.
+                    if (0xD800...0xDBFF).contains(unit) {
+                        guard let low = escapedUnit(at: index + 6), bytes[index + 6] == UInt8(ascii: "\\"), (0xDC00...0xDFFF).contains(low) else {
+                            throw JSONSyntaxError("unpaired UTF-16 surrogate in \\u escape", at: index)
+                        }
+                        index += 12
+                    } else if (0xDC00...0xDFFF).contains(unit) {
+                        throw JSONSyntaxError("unpaired UTF-16 surrogate in \\u escape", at: index)
+                    } else {
+                        index += 6
                     }
-                    index += 6
                 default:
                     throw JSONSyntaxError("invalid escape sequence", at: index)
                 }
@@ -343,6 +352,17 @@ public struct JSONParser {
         var value: UInt32 = 0
         for k in 0..<4 { value = value << 4 | UInt32(Self.hexValue(bytes[i + k]) ?? 0) }
         return value
+    }
+
+    /// The UTF-16 unit of a `\\uXXXX` escape starting at `at` (the backslash), if well formed.
+    private func escapedUnit(at position: Int) -> UInt16? {
+        guard position + 5 < end, bytes[position] == UInt8(ascii: "\\"), bytes[position + 1] == UInt8(ascii: "u") else { return nil }
+        var unit: UInt16 = 0
+        for offset in 2...5 {
+            guard let digit = Self.hexValue(bytes[position + offset]) else { return nil }
+            unit = unit << 4 | UInt16(digit)
+        }
+        return unit
     }
 
     static func hexValue(_ byte: UInt8) -> UInt8? {

@@ -111,10 +111,16 @@ public struct JSONWriter {
                 fraction /= 10
                 width -= 1
             }
-            bytes.append(UInt8(ascii: "."))
-            appendDigits(fraction, width: width)
-        } else {
+            // A fraction that rounded away (999999999999999.6 with no decimals) leaves a whole number.
+            if width > 0 {
+                bytes.append(UInt8(ascii: "."))
+                appendDigits(fraction, width: width)
+            }
+        } else if rounded.isFinite {
             bytes.append(contentsOf: "\(rounded)".utf8)
+        } else {
+            // JSON has no inf or nan (value * scale can overflow for a finite value).
+            appendLiteral("null")
         }
     }
 
