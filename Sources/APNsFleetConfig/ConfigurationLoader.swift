@@ -114,7 +114,7 @@ public struct ConfigurationLoader: Sendable {
             } catch let error as ConfigurationError {
                 throw error
             } catch {
-                throw ConfigurationError(key: nil, "cannot read config file \(filePath): \(error)")
+                throw ConfigurationError(key: nil, "cannot read config file \(filePath): \(ConfigFileProblem.describe(error, path: filePath))")
             }
         }
         return ConfigReader(providers: providers)

@@ -37,7 +37,8 @@ public enum SecurityWarnings {
     /// such switch, but Kafka's is the operator's to use (a test cluster), so it is only warned about.
     static func kafkaTLSWarnings(_ properties: [String: String]) -> [String] {
         var warnings: [String] = []
-        if properties["enable.ssl.certificate.verification"]?.lowercased() == "false" {
+        // Every spelling librdkafka reads as false.
+        if let value = properties["enable.ssl.certificate.verification"]?.lowercased(), ["false", "f", "0", "no", "off"].contains(value) {
             warnings.append(
                 "kafka.properties: enable.ssl.certificate.verification=false turns off verification of the brokers' TLS certificates; "
                     + "whoever sits between the workers and Kafka can read and forge jobs and results"

@@ -23,7 +23,7 @@ enum UnknownKeys {
             guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return [] }
             return flatten(yaml: node, prefix: nil)
         } catch {
-            throw ConfigurationError(key: nil, "cannot read config file \(path): \(error)")
+            throw ConfigurationError(key: nil, "cannot read config file \(path): \(ConfigFileProblem.describe(error, path: path))")
         }
     }
 

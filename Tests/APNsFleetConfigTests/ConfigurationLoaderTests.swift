@@ -192,6 +192,25 @@ struct ConfigurationLoaderTests {
         #expect(configuration.kafka.saslPassword?.revealed == "from-file")
     }
 
+    @Test("a config file the parser refuses is reported by line, never quoted (it may hold a password)")
+    func syntaxErrorsDoNotQuoteTheFile() async throws {
+        let secret = "hunter2-in-the-file"
+        for text in [
+            "kafka:\n  sasl:\n    password: \(secret)\n  brokers: [a:9092]\n  brokers: [b:9092]\n",
+            "kafka:\n  sasl:\n    password: @\(secret)\n",
+        ] {
+            let file = try temporaryFile("fleet.yaml", text)
+            do {
+                _ = try await ConfigurationLoader(filePath: file).load()
+                Issue.record("accepted: \(text)")
+            } catch {
+                let message = "\(error)"
+                #expect(!message.contains(secret), "\(message)")
+                #expect(message.contains("line"), "\(message)")
+            }
+        }
+    }
+
     @Test("a world-readable key file is warned about")
     func worldReadableKey() async throws {
         let key = try temporaryFile("AuthKey.p8", "not really a key", mode: 0o644)
@@ -232,6 +251,8 @@ struct ConfigurationLoaderTests {
         #expect(warnings.last?.contains("ssl.endpoint.identification.algorithm=none") == true)
         let strict = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "ssl"]).load()
         #expect(SecurityWarnings.all(for: strict).isEmpty)
+        let terse = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_PROPERTIES": "enable.ssl.certificate.verification=0"]).load()
+        #expect(SecurityWarnings.all(for: terse).count == 1, "librdkafka reads 0 as false too")
     }
 
     @Test("the legacy interface without TLS is warned about unless the host is this machine")
