@@ -47,7 +47,20 @@ public final class AdminServer: Service, Sendable {
     public func run() async throws {
         let metrics = self.metrics
         let readiness = self.readiness
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let channel: any Channel
+        do {
+            channel = try await bind(metrics: metrics, readiness: readiness)
+        } catch {
+            throw AdminServerError(host: host, port: port, underlying: "\(error)")
+        }
+        boundPort.withLock { $0 = channel.localAddress?.port }
+        logger.info("admin endpoint listening", metadata: ["admin.address": "http://\(host):\(channel.localAddress?.port ?? port)"])
+        try? await gracefulShutdown()
+        try await channel.close()
+    }
+
+    private func bind(metrics: @escaping @Sendable () -> [UInt8], readiness: @escaping @Sendable () -> Readiness) async throws -> any Channel {
+        try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
@@ -57,10 +70,17 @@ public final class AdminServer: Service, Sendable {
             }
             .bind(host: host, port: port)
             .get()
-        boundPort.withLock { $0 = channel.localAddress?.port }
-        logger.info("admin endpoint listening", metadata: ["admin.address": "http://\(host):\(channel.localAddress?.port ?? port)"])
-        try? await gracefulShutdown()
-        try await channel.close()
+    }
+}
+
+/// The admin endpoint could not listen: a setting to fix (exit status 2), named as such.
+public struct AdminServerError: Error, CustomStringConvertible {
+    public let host: String
+    public let port: Int
+    public let underlying: String
+
+    public var description: String {
+        "admin.host/admin.port: cannot listen on \(host):\(port) (\(underlying)); is another process, or a second worker on this host, using it?"
     }
 }
 

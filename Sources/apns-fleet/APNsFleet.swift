@@ -2,6 +2,7 @@ import APNsClient
 import APNsFleetConfig
 import APNsLegacyClient
 import APNsSimulator
+import FleetWorker
 import ArgumentParser
 import Foundation
 
@@ -65,9 +66,9 @@ struct APNsFleet: AsyncParsableCommand {
 
 /// The exit status of our own errors: 2 for what the caller must fix (usage, configuration,
 /// credentials), 1 for work that failed; nil for argument-parser's, which it reports itself.
-private func exitStatus(of error: any Error) -> Int32? {
+func exitStatus(of error: any Error) -> Int32? {
     switch error {
-    case is UsageError, is ConfigurationError, is SimulatorConfigurationError: 2
+    case is UsageError, is ConfigurationError, is SimulatorConfigurationError, is AdminServerError: 2
     case let error as APNsClientError where error.code == .credentials || error.code == .configuration: 2
     case let error as LegacyClientError where error.code == .credentials || error.code == .configuration: 2
     case is CommandFailure: 1

@@ -5,6 +5,8 @@ import FleetTestSupport
 import Foundation
 import KafkaTransport
 import Logging
+import NIOCore
+import NIOPosix
 import Testing
 
 /// Secrets in a running worker: the SASL password, the .p8 signing key and a client
@@ -170,5 +172,16 @@ struct SecretHygieneTests {
         #expect(unverifiable.output.contains("ssl.ca.location failed"), "\(unverifiable.output)")
         #expect(Self.leaks(in: unverifiable.output, secrets: [Self.saslPassword, Self.keyPassword]).isEmpty, "\(unverifiable.output)")
         #expect(unverifiable.output.contains("app.a.key-file:") && unverifiable.output.contains("is readable by every user (mode 644)"), "\(unverifiable.output)")
+
+        // The admin port taken by another process: a configuration error naming the setting,
+        // exit status 2, at once (it used to wait for every other service, for good).
+        let taken = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
+        defer { taken.close(promise: nil) }
+        let takenPort = try #require(taken.localAddress?.port)
+        let started = ContinuousClock.now
+        let busy = try await run(["APNS_FLEET_ADMIN_PORT": "\(takenPort)", "APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "plaintext"])
+        #expect(busy.status == 2, "\(busy.output)")
+        #expect(busy.output.contains("admin.host/admin.port: cannot listen on 127.0.0.1:\(takenPort)"), "\(busy.output)")
+        #expect(ContinuousClock.now - started < .seconds(20))
     }
 }

@@ -63,7 +63,7 @@ struct FeedbackCommand: AsyncParsableCommand {
             "worker.id": "\(process.processID)", "kafka.group": "\(fleet.kafka.feedbackGroupID)",
             "feedback.services": "\(services.map(\.app).joined(separator: ","))",
         ])
-        try await process.run([producer, admin, worker, consumer])
+        await process.run([producer, admin, worker, consumer])
         logger.info("feedback worker stopped: events flushed, offsets stored, group left")
         // As in the worker: do not wait for librdkafka's handle teardown once everything is done.
         Foundation.exit(0)

@@ -82,7 +82,7 @@ struct WorkerCommand: AsyncParsableCommand {
         ])
         // Shutdown runs in reverse order: the consumer stops first (ending the worker's input),
         // the worker finishes in-flight work, then the APNs connections close and the producer flushes.
-        try await process.run([producer, clients, legacy, admin, worker, consumer])
+        await process.run([producer, clients, legacy, admin, worker, consumer])
         logger.info("worker stopped: results flushed, offsets stored, group left")
         // Everything that matters is done. Exit now rather than wait for librdkafka's handles to
         // be torn down: with both clients closed, rd_kafka_destroy has been seen to stall here

@@ -6,6 +6,7 @@ import Logging
 import Metrics
 import Prometheus
 import ServiceLifecycle
+import Synchronization
 import UnixSignals
 
 /// The options every long-running fleet process takes.
@@ -55,9 +56,12 @@ struct FleetProcess {
 
     /// Runs `services` until a signal; shutdown runs them down in reverse order. The drain is
     /// bounded by `worker.drain-timeout-seconds` plus a margin, then cancellation takes over.
-    func run(_ services: [any Service]) async throws {
+    /// A service's error ends the process here, with that error's exit status.
+    func run(_ services: [any Service]) async {
+        let shuttingDown = ShutdownFlag()
+        let logger = self.logger
         var configuration = ServiceGroupConfiguration(
-            services: services.map { .init(service: $0) },
+            services: services.map { .init(service: ExitOnFailure(base: $0, shuttingDown: shuttingDown, logger: logger)) },
             // Signals are handled below: the first drains, the second exits.
             gracefulShutdownSignals: [],
             cancellationSignals: [],
@@ -68,13 +72,13 @@ struct FleetProcess {
         let group = ServiceGroup(configuration: configuration)
         // One handler for both signals, installed before the group runs so none is missed.
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
-        let logger = self.logger
-        try await withThrowingTaskGroup(of: Void.self) { tasks in
+        await withTaskGroup(of: Void.self) { tasks in
             tasks.addTask {
                 var drainRequested = false
                 for await signal in signals {
                     if !drainRequested {
                         drainRequested = true
+                        shuttingDown.set()
                         logger.info("\(signal): draining; send it again to exit at once")
                         await group.triggerGracefulShutdown()
                     } else {
@@ -82,7 +86,17 @@ struct FleetProcess {
                     }
                 }
             }
-            try await group.run()
+            do {
+                try await group.run()
+            } catch {
+                // Exit here rather than unwind: unwinding tears down librdkafka's handles, which
+                // has been seen to stall, and the signals that could end a stall are ignored by
+                // now (the handler above owns them).
+                logger.critical("stopping: \(error)")
+                FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+                fflush(nil)
+                _exit(exitStatus(of: error) ?? 1)
+            }
             tasks.cancelAll()
         }
     }
@@ -95,5 +109,34 @@ struct FleetProcess {
         logger.warning("second \(signal) while draining: exiting now with status \(status); unfinished jobs will be redelivered")
         fflush(nil)  // every stream, so the line above is not lost
         _exit(status)
+    }
+}
+
+/// Set once the first signal asked for a drain.
+final class ShutdownFlag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func set() { value.store(true, ordering: .relaxed) }
+    var isSet: Bool { value.load(ordering: .relaxed) }
+}
+
+/// Ends the process when its service fails outside a shutdown (the admin port taken, a fatal
+/// Kafka error). ServiceLifecycle would cancel the group and wait for every other service, and
+/// one blocked on Kafka or a connection kept that wait, and the process, going for good. Work in
+/// flight is redone by the group from the stored offsets (duplicates, never losses).
+struct ExitOnFailure: Service {
+    let base: any Service
+    let shuttingDown: ShutdownFlag
+    let logger: Logger
+
+    func run() async throws {
+        do {
+            try await base.run()
+        } catch {
+            if shuttingDown.isSet || error is CancellationError { throw error }
+            logger.critical("\(type(of: base)) failed; exiting: \(error)")
+            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+            fflush(nil)
+            _exit(exitStatus(of: error) ?? 1)
+        }
     }
 }
