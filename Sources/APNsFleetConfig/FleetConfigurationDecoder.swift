@@ -30,6 +30,21 @@ struct FleetConfigurationDecoder {
                 throw ConfigurationError(key: "apps", "apps \(other) and \(appName) would share environment variables (\(variableName)_*); rename one")
             }
         }
+        // Distinct prefixes can still meet: apps foo and foo-private both own
+        // APNS_FLEET_APP_FOO_PRIVATE_KEY_FILE (foo's private-key-file, foo-private's key-file).
+        let appKeySuffixes = ConfigurationKeys.all.compactMap { key -> String? in
+            guard key.name.hasPrefix("app.<name>.") else { return nil }
+            return String(key.name.dropFirst("app.<name>.".count))
+        }
+        var owners: [String: String] = [:]
+        for appName in names {
+            for suffix in appKeySuffixes {
+                let variable = ConfigurationLoader.environmentName(for: "app.\(appName).\(suffix)")
+                if let other = owners.updateValue("app.\(appName).\(suffix)", forKey: variable), !other.hasPrefix("app.\(appName).") {
+                    throw ConfigurationError(key: "apps", "\(other) and app.\(appName).\(suffix) would both be read from \(variable); rename one of the apps")
+                }
+            }
+        }
         for appName in names {
             configuration.apps.append(try app(appName))
         }
@@ -62,7 +77,13 @@ struct FleetConfigurationDecoder {
         // A revocation drains inside librdkafka's poll call; a drain that outlasts
         // max.poll.interval.ms gets the worker dropped from the group mid-drain, and the offsets
         // it then stores are never committed.
-        let maxPollMilliseconds = configuration.kafka.properties["max.poll.interval.ms"].flatMap { Int($0) } ?? 300_000
+        var maxPollMilliseconds = 300_000
+        if let text = configuration.kafka.properties["max.poll.interval.ms"] {
+            guard let value = Int(text), value > 0 else {
+                throw ConfigurationError(key: "kafka.properties", "max.poll.interval.ms is \"\(text.prefix(40))\"; it must be a positive whole number of milliseconds")
+            }
+            maxPollMilliseconds = value
+        }
         if Int(configuration.worker.drainTimeoutSeconds * 1000) + 30_000 > maxPollMilliseconds {
             throw ConfigurationError(
                 key: "worker.drain-timeout-seconds",

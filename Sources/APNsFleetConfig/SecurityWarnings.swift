@@ -6,7 +6,21 @@ public enum SecurityWarnings {
     /// off through passed-through librdkafka properties.
     public static func all(for configuration: FleetConfiguration) -> [String] {
         SecretFile.permissionWarnings(for: configuration) + kafkaTLSWarnings(configuration.kafka.properties)
-            + plainLegacyWarnings(configuration.apps)
+            + unusedKafkaSecurityWarnings(configuration.kafka) + plainLegacyWarnings(configuration.apps)
+    }
+
+    /// TLS or SASL settings under a protocol that uses neither are ignored: most likely the
+    /// protocol was meant to be ssl or sasl_ssl, and the connection is not what the file says.
+    static func unusedKafkaSecurityWarnings(_ kafka: KafkaSettings) -> [String] {
+        var warnings: [String] = []
+        let protocolName = kafka.securityProtocol.rawValue
+        if !kafka.securityProtocol.usesTLS, kafka.sslCAFile != nil || kafka.sslCertificateFile != nil || kafka.sslKeyFile != nil || kafka.sslKeyPassword != nil {
+            warnings.append("kafka.ssl.* is set but kafka.security-protocol is \(protocolName), which does not use TLS: those settings are ignored (did you mean ssl or sasl_ssl?)")
+        }
+        if !kafka.securityProtocol.usesSASL, kafka.saslMechanism != nil || kafka.saslUsername != nil || kafka.saslPassword != nil {
+            warnings.append("kafka.sasl.* is set but kafka.security-protocol is \(protocolName), which does not use SASL: those settings are ignored (did you mean sasl_plaintext or sasl_ssl?)")
+        }
+        return warnings
     }
 
     /// `legacy-tls: false` is meant for a simulator on this host. Towards any other host,

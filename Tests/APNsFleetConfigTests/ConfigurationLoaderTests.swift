@@ -132,6 +132,8 @@ struct ConfigurationLoaderTests {
               "APNS_FLEET_APP_A_ENVIRONMENT": "custom", "APNS_FLEET_APP_A_HOST": "127.0.0.1", "APNS_FLEET_APP_A_ENVIRONMENTS": "sandbox"],
              "configuration key 'app.a.environments': does not apply to environment custom: one pool serves jobs of both environments"),
             (["APNS_FLEET_APPS": "a,a"], "configuration key 'apps': app a is listed twice"),
+            (["APNS_FLEET_APPS": "foo,foo-private"],
+             "configuration key 'apps': app.foo.private-key-file and app.foo-private.key-file would both be read from APNS_FLEET_APP_FOO_PRIVATE_KEY_FILE; rename one of the apps"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_PROTOCOL": "binary"],
              "configuration key 'app.a.legacy-gateway': is required for protocol binary (Apple's own binary gateway closed on 31 March 2021; use protocol http2 for Apple)"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem",
@@ -143,6 +145,8 @@ struct ConfigurationLoaderTests {
             (["APNS_FLEET_KAFKA_PROPERTIES": "sasl.password:hunter2"], "configuration key 'kafka.properties': entries are name=value; entry 1 has no name before '='"),
             (["APNS_FLEET_DEFAULT_APP": "ghost"], "configuration key 'default-app': names app ghost, which is not in apps"),
             (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "13"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (12)"),
+            (["APNS_FLEET_KAFKA_PROPERTIES": "max.poll.interval.ms=5min"],
+             "configuration key 'kafka.properties': max.poll.interval.ms is \"5min\"; it must be a positive whole number of milliseconds"),
             (["APNS_FLEET_WORKER_DRAIN_TIMEOUT_SECONDS": "400"],
              "configuration key 'worker.drain-timeout-seconds': is 400.0 s; it must stay at least 30 s below Kafka's max.poll.interval.ms (300000 ms), or a revocation's drain outlasts the poll interval and the worker is dropped from the group mid-drain"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "delivery.report.only.error=true"],
@@ -253,6 +257,11 @@ struct ConfigurationLoaderTests {
         #expect(SecurityWarnings.all(for: strict).isEmpty)
         let terse = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_PROPERTIES": "enable.ssl.certificate.verification=0"]).load()
         #expect(SecurityWarnings.all(for: terse).count == 1, "librdkafka reads 0 as false too")
+        // SASL credentials under plaintext are ignored: said, not silently dropped.
+        let unused = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SASL_USERNAME": "fleet", "APNS_FLEET_KAFKA_SASL_PASSWORD": "pw-not-shown"]).load()
+        let ignored = SecurityWarnings.all(for: unused)
+        #expect(ignored.count == 1 && ignored[0].hasPrefix("kafka.sasl.* is set but kafka.security-protocol is plaintext"), "\(ignored)")
+        #expect(!ignored.joined().contains("pw-not-shown"))
     }
 
     @Test("the legacy interface without TLS is warned about unless the host is this machine")
