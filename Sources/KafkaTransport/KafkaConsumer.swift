@@ -127,6 +127,10 @@ public final class KafkaConsumer: Service, Sendable {
     /// reads the same value later need not ask ``isCurrent(_:)`` about that batch's records.
     public var rebalances: UInt64 { core.rebalances.load(ordering: .acquiring) }
 
+    /// Records given up unfinished because a revocation's drain (the last one included, at
+    /// close) ran out of time: the group redoes them. A stopping worker reports it.
+    public var recordsLeftUnfinished: Int { core.recordsLeftUnfinished.load(ordering: .relaxed) }
+
     /// The assigned partitions librdkafka is currently not fetching: those paused by the caller,
     /// or all of them while the buffer is full.
     public var pausedPartitions: [TopicPartition] { core.pausedPartitions() }
@@ -261,6 +265,7 @@ final class ConsumerCore: @unchecked Sendable {
     private let completions = Mutex<[KafkaRecordReceipt]>([])
     /// Revocations draining: completions then also wake them.
     private let draining = Atomic<Int>(0)
+    let recordsLeftUnfinished = Atomic<Int>(0)
 
     // MARK: polling thread only
     private var epochs: [TopicPartition: UInt64] = [:]
@@ -1012,6 +1017,7 @@ final class ConsumerCore: @unchecked Sendable {
         pendingRevocations.remove(id)
         lock.unlock()
         if timedOut {
+            recordsLeftUnfinished.add(remaining, ordering: .relaxed)
             logger.warning(
                 "revocation drain timed out; unfinished records will be redelivered",
                 metadata: ["kafka.in_flight": "\(remaining)", "kafka.partitions": "\(partitions.map(\.description).sorted())"]

@@ -84,6 +84,33 @@ struct KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(10))
     }
 
+    @Test("records still unfinished when the closing drain runs out of time are counted, for the stop to report")
+    func unfinishedAtClose() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("stuck", partitions: 1)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        for index in 0..<5 {
+            try producer.send(KafkaOutgoingMessage(topic: "stuck", key: nil, value: "v\(index)".bytes)) { _ in }
+        }
+        try await producer.flush(timeout: .seconds(30))
+        var configuration = consumerConfiguration(cluster, group: "stuck-group", topics: ["stuck"])
+        configuration.drainTimeout = .milliseconds(300)
+        let consumer = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        let received = ReceivedRecords()
+        try await withTimeout(60, "the close") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                // Takes records and never finishes them: a worker stuck on APNs at SIGTERM.
+                group.addTask { for await batch in consumer.batches { received.append(batch) } }
+                try await waitUntil("the records to be taken") { received.count == 5 }
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        #expect(consumer.recordsLeftUnfinished == 5)
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
     @Test func twoConsumersSplitPartitionsThroughARebalanceWithoutLoss() async throws {
         let cluster = try MockKafkaCluster(brokers: 3, logger: testLogger)
         try cluster.createTopic("split", partitions: 6)
@@ -154,6 +181,7 @@ struct KafkaMockClusterTests {
             }
         }
         #expect(deliveries.failures.isEmpty)
+        #expect(a.recordsLeftUnfinished == 0 && b.recordsLeftUnfinished == 0, "every drain finished in time")
         let revoked = revokedBeforeClose.value
         #expect(!revoked.isEmpty, "A's revocation hook ran when B joined")
         // The partitions taken from A went to B, which consumed them.
