@@ -52,7 +52,7 @@ final class ClientMetrics: Sendable {
                 ok.increment()
             } else {
                 // The server's free text becomes a label only when it is a reason APNs documents.
-                let reason = response.reason.map { APNsReasonTable.byReason[$0.rawValue] != nil ? $0.rawValue : "unknown" } ?? ""
+                let reason = response.reason.map { $0.known != nil ? $0.rawValue : "unknown" } ?? ""
                 counter(in: answers, key: "\(response.status) \(reason)") {
                     Counter(label: "apns.client.requests", dimensions: [("app", self.app), ("environment", self.environment), ("status", String(response.status)), ("reason", reason)])
                 }.increment()

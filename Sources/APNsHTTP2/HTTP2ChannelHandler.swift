@@ -134,18 +134,12 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         guard context.channel.isWritable else { return }
         var buffer = output.take() ?? context.channel.allocator.buffer(capacity: 16384)
         buffer.clear()
-        producing = true
         do {
-            repeat {
-                flushAgain = false
-                try session.produceOutput(into: &buffer)
-            } while flushAgain
+            try produce(into: &buffer)
         } catch {
-            producing = false
             fail(error)
             return
         }
-        producing = false
         if buffer.readableBytes > 0 {
             context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         }
@@ -154,6 +148,17 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         if !session.wantsRead && !session.wantsWrite {
             closeConnection()
         }
+    }
+
+    /// What the session has ready, with flushes asked for meanwhile (from inside libnghttp2's
+    /// `mem_send`) served by going round again rather than re-entering it.
+    private func produce(into buffer: inout ByteBuffer) throws(HTTP2Error) {
+        producing = true
+        defer { producing = false }
+        repeat {
+            flushAgain = false
+            try session.produceOutput(into: &buffer)
+        } while flushAgain
     }
 
     func closeConnection() {
@@ -180,9 +185,7 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         inReadBurst = false
         if let context, !closed {
             var buffer = context.channel.allocator.buffer(capacity: 0)
-            producing = true
-            try? session.produceOutput(into: &buffer)
-            producing = false
+            try? produce(into: &buffer)
             if buffer.readableBytes > 0 { context.writeAndFlush(wrapOutboundOut(buffer), promise: nil) }
         }
         closeConnection()

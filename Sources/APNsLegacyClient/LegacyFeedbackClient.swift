@@ -72,7 +72,6 @@ public struct LegacyFeedbackClient: Sendable {
                     try channel.pipeline.syncOperations.addHandler(FeedbackReader(shared: reader))
                 }
             }
-        let started = ContinuousClock.now
         let startedAt = NIODeadline.now()
         let channel: any Channel
         do {
@@ -83,7 +82,6 @@ public struct LegacyFeedbackClient: Sendable {
         // The deadline is for the service, so it counts only reading time. While a chunk waits
         // for `deliver` (Kafka slow, say), what the service already sent sits unread in the
         // socket, and closing then would throw away tuples it has forgotten.
-        let remaining = timeout - (ContinuousClock.now - started)
         let budget = TimeAmount(timeout)
         let deadline = NIOLoopBoundBox.makeEmptyBox(valueType: Scheduled<Void>.self, eventLoop: eventLoop)
         @Sendable func expireWhenReading() {
@@ -98,18 +96,20 @@ public struct LegacyFeedbackClient: Sendable {
             signal.yield(.ended(.timedOut))
             channel.close(promise: nil)
         }
-        eventLoop.execute {
-            deadline.value = eventLoop.scheduleTask(in: TimeAmount(max(remaining, .zero)), expireWhenReading)
-        }
+        // Arms itself for what is left of the budget.
+        eventLoop.execute(expireWhenReading)
 
         var delivered = 0
-        // Stays so only if the signals end without an ending: the task was cancelled.
-        var ending = FeedbackReader.Ending.cancelled
-        for await next in signals {
+        func deliverWhatWasRead() async {
             while case let chunk = reader.take(), !chunk.isEmpty {
                 await deliver(chunk)
                 delivered += chunk.count
             }
+        }
+        // Stays so only if the signals end without an ending: the task was cancelled.
+        var ending = FeedbackReader.Ending.cancelled
+        for await next in signals {
+            await deliverWhatWasRead()
             if case .ended(let how) = next {
                 ending = how
                 break
@@ -121,10 +121,7 @@ public struct LegacyFeedbackClient: Sendable {
         channel.close(promise: nil)
         try? await channel.closeFuture.get()
         // Whatever arrived between the end and the close.
-        while case let chunk = reader.take(), !chunk.isEmpty {
-            await deliver(chunk)
-            delivered += chunk.count
-        }
+        await deliverWhatWasRead()
         let (leftover, bytes, failure) = reader.state.withLock { ($0.decoder.leftoverByteCount, $0.bytesRead, $0.failure) }
 
         var problem: String?
@@ -206,7 +203,6 @@ private final class FeedbackReader: ChannelDuplexHandler {
             }
         }
 
-        var isFull: Bool { state.withLock { $0.tuples.count >= chunkSize } }
 
         /// Whether reading is paused now, and for how long it has been paused in all.
         func pausedTime(now: NIODeadline) -> (now: Bool, total: TimeAmount) {

@@ -453,20 +453,16 @@ public final class LegacyGatewayClient: Service, Sendable {
             ready.fail(error)
             return .failed(LegacyClientError(.connect, "cannot connect to \(endpoint.label): \(error)"))
         }
-        // The timer and the handshake's completion both run on the channel's loop: a handshake
-        // that completed first keeps its connection.
-        let handshakeDone = NIOLoopBoundBox.makeBoxSendingValue(false, eventLoop: eventLoop)
-        ready.futureResult.whenSuccess { handshakeDone.value = true }
         let timeout = eventLoop.scheduleTask(in: TimeAmount(configuration.connectTimeout)) {
-            guard !handshakeDone.value else { return }
             ready.fail(LegacyClientError(.timeout, "no TLS handshake with \(endpoint.label) within \(self.configuration.connectTimeout)"))
             channel.close(promise: nil)
         }
+        // The timer and the handshake's completion both run on the channel's loop: a handshake
+        // that completed first cancels the timer there, and keeps its connection.
+        ready.futureResult.whenComplete { _ in timeout.cancel() }
         do {
             try await ready.futureResult.get()
-            timeout.cancel()
         } catch {
-            timeout.cancel()
             channel.close(promise: nil)
             try? await channel.closeFuture.get()
             connectionClosed(id)
@@ -549,7 +545,7 @@ private final class GatewayConnectionHandler: ChannelInboundHandler {
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
         // After an error-response the gateway closes, often without a TLS close_notify or with
         // our writes unread (a reset): the expected end of a connection, not a failure.
-        let expectedEnd = done || (error as? NIOSSLError).map { if case .uncleanShutdown = $0 { true } else { false } } ?? false
+        let expectedEnd = done || (error as? NIOSSLError) == .uncleanShutdown
         if expectedEnd {
             // Nothing to report.
         } else if isReady {

@@ -579,8 +579,13 @@ final class OutcomeCounters: Sendable {
             let name = String(text.prefix { $0.isLetter })
             reason = APNsReasonTable.byReason[name] != nil ? name : "unknown"
         }
-        let key = Key(outcome: result.outcome, status: result.status, reason: reason, app: result.app.map { apps.contains($0) ? $0 : "unknown" })
+        // Looked up as the result names its app (the usual hit); only on a miss is the app mapped
+        // to its label, and the counter kept under the label, so made-up names add no entries.
+        let raw = Key(outcome: result.outcome, status: result.status, reason: reason, app: result.app)
         return counters.withLock { counters in
+            if let counter = counters[raw] { return counter }
+            var key = raw
+            key.app = raw.app.map { apps.contains($0) ? $0 : "unknown" }
             if let counter = counters[key] { return counter }
             let counter = Counter(label: "apns.worker.notifications", dimensions: [
                 ("outcome", key.outcome.rawValue), ("status", key.status.map(String.init) ?? "none"),

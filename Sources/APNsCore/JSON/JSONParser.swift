@@ -82,10 +82,8 @@ public struct JSONParser {
             throw JSONSyntaxError("expected a string key in object", at: index)
         }
         let start = index + 1
+        // scanString checks every escape, surrogate pairs included, so a key is not decoded here.
         let (hasEscapes, closing) = try scanString()
-        // A bad escape (a lone surrogate) is reported before a missing ':', as when every key
-        // was read as text. Escaped keys are rare; this reads them twice.
-        if hasEscapes { _ = try unescape(start..<closing) }
         skipWhitespace()
         try expect(UInt8(ascii: ":"), "expected ':' after object key")
         return RawKey(range: start..<closing, hasEscapes: hasEscapes)

@@ -113,7 +113,7 @@ struct PublishCommand: AsyncParsableCommand {
         if let generate, generate <= 0 { throw ValidationError("--generate must be positive") }
         guard (2...100_000).contains(fanoutSize) else { throw ValidationError("--fanout-size must be 2 to 100,000 (the most worker.max-tokens-per-job allows)") }
         guard (1...1_000_000).contains(deadTokens) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
-        if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
+        try checkRate(rate)
         if noValidate, encoding == .headers { throw ValidationError("--no-validate works with --encoding json only") }
         if generate != nil, encoding == .headers {
             throw ValidationError("--generate mixes both encodings itself (the headers kind); leave --encoding out")

@@ -71,7 +71,7 @@ struct DemoCommand: AsyncParsableCommand {
             throw ValidationError("--jobs, --partitions and --timeout must be positive; --workers 1 to 16")
         }
         if let mix { _ = try JobMix(parsing: mix) }
-        if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
+        try checkRate(rate)
         if config != nil, token.isEmpty {
             throw ValidationError("with --config (real APNs) give real device tokens with --token; generated tokens would only be refused")
         }

@@ -8,3 +8,9 @@ func checkAppleIdentifiers(_ flags: KeyValuePairs<String, String?>) throws {
         throw ValidationError("\(flag) must be 10 letters or digits, got \(value.count) characters")
     }
 }
+
+/// Refuses a `--rate` (jobs per second) that is not a finite number of at least 0.01: NaN ran
+/// flat out, and a tiny rate made the pacing overflow.
+func checkRate(_ rate: Double?) throws {
+    if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
+}

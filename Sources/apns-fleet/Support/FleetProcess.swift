@@ -74,10 +74,8 @@ struct FleetProcess {
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
         await withTaskGroup(of: Void.self) { tasks in
             tasks.addTask {
-                var drainRequested = false
                 for await signal in signals {
-                    if !drainRequested {
-                        drainRequested = true
+                    if !shuttingDown.isSet {
                         shuttingDown.set()
                         logger.info("\(signal): draining; send it again to exit at once")
                         await group.triggerGracefulShutdown()
@@ -92,13 +90,19 @@ struct FleetProcess {
                 // Exit here rather than unwind: unwinding tears down librdkafka's handles, which
                 // has been seen to stall, and the signals that could end a stall are ignored by
                 // now (the handler above owns them).
-                logger.critical("stopping: \(error)")
-                FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-                fflush(nil)
-                _exit(exitStatus(of: error) ?? 1)
+                Self.exit(after: error, "stopping: \(error)", logger: logger)
             }
             tasks.cancelAll()
         }
+    }
+
+    /// Ends the process on `error`: logged as `message`, written to standard error, with the
+    /// error's exit status (2 for a setting to fix, 1 otherwise).
+    static func exit(after error: any Error, _ message: String, logger: Logger) -> Never {
+        logger.critical("\(message)")
+        FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+        fflush(nil)
+        _exit(exitStatus(of: error) ?? 1)
     }
 
     /// The second signal: the operator wants the process gone, drain or not. Offsets stop at the
@@ -133,10 +137,7 @@ struct ExitOnFailure: Service {
             try await base.run()
         } catch {
             if shuttingDown.isSet || error is CancellationError { throw error }
-            logger.critical("\(type(of: base)) failed; exiting: \(error)")
-            FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-            fflush(nil)
-            _exit(exitStatus(of: error) ?? 1)
+            FleetProcess.exit(after: error, "\(type(of: base)) failed; exiting: \(error)", logger: logger)
         }
     }
 }

@@ -45,7 +45,7 @@ struct FleetBenchOptions: ParsableArguments {
             throw ValidationError("--jobs, --partitions and --runs must be positive, and --warmup must leave at least two results to measure (below --jobs - 1)")
         }
         if let mix { _ = try JobMix(parsing: mix) }
-        if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
+        try checkRate(rate)
     }
 
     func settings(workers: Int) throws -> FleetBench.Settings {
