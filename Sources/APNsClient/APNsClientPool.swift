@@ -277,7 +277,7 @@ public final class APNsClientPool: Service, Sendable {
     public func waitUntilReady(connections count: Int? = nil, timeout: Duration = .seconds(10)) async -> Bool {
         let wanted = count ?? configuration.connections
         let end = ContinuousClock.now + timeout
-        while ContinuousClock.now < end {
+        while ContinuousClock.now < end, !Task.isCancelled {
             if statistics.usableConnections >= wanted { return true }
             try? await Task.sleep(for: .milliseconds(5))
         }
@@ -287,8 +287,10 @@ public final class APNsClientPool: Service, Sendable {
     // MARK: Running
 
     /// Keeps the connections open until graceful shutdown (or `shutdown()`), then drains.
+    /// Cancelled, it shuts down the same way: its loops sleep through `Task.sleep`, which a
+    /// cancelled task returns from at once, so they would otherwise spin until a shutdown.
     public func run() async throws {
-        await withGracefulShutdownHandler {
+        await withTaskCancellationOrGracefulShutdownHandler {
             await withDiscardingTaskGroup { group in
                 for slot in 0..<configuration.connections {
                     group.addTask { await self.runSlot(slot) }
@@ -298,7 +300,7 @@ public final class APNsClientPool: Service, Sendable {
                 await self.waitForShutdownRequest()
                 await self.drainAndClose()
             }
-        } onGracefulShutdown: {
+        } onCancelOrGracefulShutdown: {
             self.shutdown()
         }
     }

@@ -108,7 +108,7 @@ public final class LegacyGatewayClient: Service, Sendable {
     public func waitUntilConnected(_ count: Int? = nil, timeout: Duration = .seconds(10)) async -> Bool {
         let wanted = count ?? configuration.connections
         let end = ContinuousClock.now + timeout
-        while ContinuousClock.now < end {
+        while ContinuousClock.now < end, !Task.isCancelled {
             if statistics.activeConnections >= wanted { return true }
             try? await Task.sleep(for: .milliseconds(5))
         }

@@ -444,6 +444,27 @@ struct ClientIntegrationTests {
             #expect(late.notAnswered?.kind == .shutdown)
         }
     }
+
+    @Test("Cancelled, run() shuts the pool down and returns instead of hanging with its loops spinning")
+    func cancelledRunShutsDown() async throws {
+        try await withPool { _, simulator, credentials in
+            let port = try #require(simulator.port(.http2TLS))
+            let pool = try APNsClientPool(configuration: credentials.configuration(port: port), logger: Fixture.logger)
+            let finished = Mutex(false)
+            let running = Task {
+                try await pool.run()
+                finished.withLock { $0 = true }
+            }
+            #expect(await pool.waitUntilReady())
+            running.cancel()
+            let returned = await waitFor(timeout: .seconds(10)) { finished.withLock { $0 } }
+            #expect(returned, "run() still running 10 s after its task was cancelled")
+            if !returned { pool.shutdown() }
+            try await running.value
+            let late = await pool.send(Fixture.notification(), timeout: .seconds(1))
+            #expect(late.notAnswered?.kind == .shutdown)
+        }
+    }
 }
 
 /// Polls `condition` for up to `timeout`.
