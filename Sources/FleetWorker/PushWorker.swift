@@ -380,7 +380,7 @@ public final class PushWorker: Service, Sendable {
             }
         }
         if let retryHeaders {
-            messages.append(retryMessage(tokens: retryTokens, headers: retryHeaders, of: job, record: record))
+            messages += retryMessages(tokens: retryTokens, headers: retryHeaders, of: job, record: record)
         }
         return messages
     }
@@ -390,19 +390,60 @@ public final class PushWorker: Service, Sendable {
     func outcomeMessage(_ outcome: TokenOutcome, of job: JobInFlight, record: KafkaRecord) -> KafkaOutgoingMessage {
         switch outcome {
         case .finished(let result): resultMessage(result)
-        case .later(let token, let headers): retryMessage(tokens: [token], headers: headers, of: job, record: record)
+        case .later(let token, let headers):
+            // One token makes one message: its retry record, or its `failed` result.
+            retryMessages(tokens: [token], headers: headers, of: job, record: record)[0]
         }
     }
 
-    /// The job again, for `apns.jobs.retry`: the tokens still to send and when.
-    private func retryMessage(tokens: [DeviceToken], headers retry: RetryHeaders, of job: JobInFlight, record: KafkaRecord) -> KafkaOutgoingMessage {
+    /// What librdkafka counts against `message.max.bytes` besides the value, key and header
+    /// bytes (the record's and each header's length fields), with room to spare.
+    static let recordOverheadBytes = 1024
+
+    /// The job again, for `apns.jobs.retry`: the tokens still to send and when, split over as
+    /// many records as it takes to keep each within the producer's `message.max.bytes` (a
+    /// fan-out job's `retry-tokens` can run to megabytes). A token that fits no record (the job
+    /// itself is near the limit) gets a `failed` result instead: refused as too large, its record
+    /// would be published again forever and hold its partition's offset back.
+    private func retryMessages(tokens: [DeviceToken], headers retry: RetryHeaders, of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         var headers = retry.applied(to: record.headers.filter {
             $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
         })
         headers.append(RecordHeader(RetryHeaders.jobIDKey, job.jobID))
-        headers.append(RecordHeader(JobIntake.retryTokensKey, tokens.map(\.hex).joined(separator: ",")))
-        Counter(label: "apns.worker.retries.scheduled", dimensions: [("app", job.appName)]).increment(by: tokens.count)
-        return KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: headers)
+        let maximumBytes = configuration.fleet.kafka.producerMessageMaxBytes
+        let fixedBytes = record.value.count + (record.key?.count ?? 0) + JobIntake.retryTokensKey.utf8.count + Self.recordOverheadBytes
+            + headers.reduce(0) { $0 + $1.key.utf8.count + ($1.value?.count ?? 0) }
+        let listBudget = maximumBytes - fixedBytes
+        var messages: [KafkaOutgoingMessage] = []
+        var list: [UInt8] = []
+        var listed = 0
+        func publishList() {
+            messages.append(KafkaOutgoingMessage(
+                topic: configuration.fleet.topics.retry, key: record.key, value: record.value,
+                headers: headers + [RecordHeader(key: JobIntake.retryTokensKey, value: list)]
+            ))
+            Counter(label: "apns.worker.retries.scheduled", dimensions: [("app", job.appName)]).increment(by: listed)
+            list.removeAll(keepingCapacity: true)
+            listed = 0
+        }
+        for token in tokens {
+            let hex = token.hex.utf8
+            guard hex.count <= listBudget else {
+                let reason = "\(retry.lastReason); no retry: the job's retry record would be \(fixedBytes + hex.count) bytes, above the producer's message.max.bytes (\(maximumBytes))"
+                logFinished(job, token: token, outcome: .failed, status: nil, reason: reason, attempts: retry.attempt)
+                messages.append(resultMessage(result(
+                    job, token: token, outcome: .failed, status: nil, reason: reason,
+                    attempts: retry.attempt, latency: 0, send: nil
+                )))
+                continue
+            }
+            if listed > 0, list.count + 1 + hex.count > listBudget { publishList() }
+            if listed > 0 { list.append(UInt8(ascii: ",")) }
+            list.append(contentsOf: hex)
+            listed += 1
+        }
+        if listed > 0 { publishList() }
+        return messages
     }
 
     /// Not `indirect`: a boxed result was copied into its box and out again, a retain and a

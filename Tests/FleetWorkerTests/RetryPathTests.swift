@@ -233,6 +233,63 @@ extension RetryPathTests {
     }
 }
 
+extension RetryPathTests {
+    @Test("a fan-out job's retry record is split into records within message.max.bytes, each token in one")
+    func retryRecordIsSplitToFit() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        behaviour.serviceUnavailableRate = 1
+        // One attempt in process, the second from the retry topic, then `failed`.
+        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 2, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        // 200 tokens make a 14 KB job and a 13 KB retry-tokens list: as one record, the job and
+        // its list would be refused as too large and published again forever, holding the
+        // partition's offset.
+        let limit = 20_000
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 300, messageMaxBytes: limit)
+        let tokens = (1000..<1200).map(InProcessFleet.token)
+        let job = fleet.job(#"{"id":"wide","tokens":[\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))],"payload":{}}"#)
+        let outcome = try await fleet.run([job]) { results, _ in results.count >= tokens.count }
+
+        #expect(outcome.retries.count >= 3, "\(outcome.retries.count) retry records")
+        var named: [String] = []
+        for record in outcome.retries {
+            let bytes = record.value.count + (record.key?.count ?? 0) + record.headers.reduce(0) { $0 + $1.key.utf8.count + ($1.value?.count ?? 0) }
+            #expect(bytes <= limit, "a retry record of \(bytes) bytes")
+            #expect(record.headers.text("job-id") == "wide")
+            named += (record.headers.text("retry-tokens") ?? "").split(separator: ",").map(String.init)
+        }
+        let eachTokenOnce = named.sorted() == tokens.sorted()
+        #expect(eachTokenOnce, "\(named.count) tokens named for \(tokens.count): each token in exactly one retry record")
+        let eachTokenAnswered = Set(outcome.results.map(\.token)) == Set(tokens)
+        #expect(outcome.results.count == tokens.count && eachTokenAnswered, "\(outcome.results.count) results for \(tokens.count) tokens")
+        #expect(outcome.results.allSatisfy { $0.outcome == .failed && $0.status == 503 && $0.attempts == 2 })
+        #expect(outcome.offsetsAtEnd)
+    }
+
+    @Test("a token whose retry record cannot fit in message.max.bytes is failed, not published again forever")
+    func retryRecordTooLargeGivesFailed() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        behaviour.serviceUnavailableRate = 1
+        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 5, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        let limit = 6000
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10, messageMaxBytes: limit)
+        // A job Kafka takes, but too close to the limit for the retry headers to fit beside it.
+        let filler = String(repeating: "x", count: 4000)
+        let meta = String(repeating: "m", count: 900)
+        let token = InProcessFleet.token(1)
+        let job = fleet.job(#"{"id":"big","token":"\#(token)","payload":{"aps":{"alert":"\#(filler)"}},"meta":{"m":"\#(meta)"}}"#)
+        #expect(job.value.count < limit && job.value.count + 1024 > limit - 200)
+        let outcome = try await fleet.run([job]) { results, _ in !results.isEmpty }
+
+        #expect(outcome.retries.isEmpty)
+        let result = try #require(outcome.results.first)
+        #expect(outcome.results.count == 1)
+        #expect(result.outcome == .failed && result.attempts == 1, "\(result.outcome) after \(result.attempts)")
+        #expect(result.reason?.hasPrefix("ServiceUnavailable; no retry: the job's retry record would be") == true, "\(result.reason ?? "")")
+        #expect(result.reason?.contains("message.max.bytes (6000)") == true)
+        #expect(outcome.offsetsAtEnd)
+    }
+}
+
 /// One log line, as the worker wrote it.
 struct CapturedLog: Sendable {
     var level: Logger.Level
@@ -300,15 +357,22 @@ final class InProcessFleet: Sendable {
     }
 
     static func start(
-        behaviour: APNsSimulatorConfiguration.Behaviour, retry: RetryPolicy, maxInFlight: Int, workerLogs: Collected<CapturedLog>? = nil
+        behaviour: APNsSimulatorConfiguration.Behaviour, retry: RetryPolicy, maxInFlight: Int, workerLogs: Collected<CapturedLog>? = nil,
+        messageMaxBytes: Int? = nil
     ) async throws -> InProcessFleet {
         var logger = Logger(label: "retry-path-test")
         logger.logLevel = .error
         let backends = try await InProcessBackends.start(
             name: "retry", jobPartitions: 4, otherPartitions: 2, behaviour: { $0 = behaviour }, logger: logger
         )
-        let (topics, client, app) = (backends.topics, backends.client, backends.app)
-        let fleet = FleetConfiguration(apps: [app], retry: retry)
+        let (topics, app) = (backends.topics, backends.app)
+        var client = backends.client
+        var fleet = FleetConfiguration(apps: [app], retry: retry)
+        if let messageMaxBytes {
+            // As `kafka.properties` sets it: for the worker's producer and the worker itself.
+            client.properties["message.max.bytes"] = String(messageMaxBytes)
+            fleet.kafka.properties["message.max.bytes"] = String(messageMaxBytes)
+        }
         let clients = try APNsClients(apps: [app], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
         consumerConfiguration.sessionTimeout = .seconds(6)

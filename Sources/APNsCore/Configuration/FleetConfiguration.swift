@@ -117,6 +117,12 @@ public struct KafkaSettings: Sendable {
     /// except `managedProperties`).
     public var properties: [String: String]
 
+    /// The largest record the producer takes (librdkafka's `message.max.bytes`, 1,000,000 unless
+    /// `properties` sets it): value, key and headers together.
+    public var producerMessageMaxBytes: Int {
+        properties["message.max.bytes"].flatMap { Int($0) } ?? 1_000_000
+    }
+
     /// librdkafka properties the delivery guarantees rest on, which `properties` may not set,
     /// with the reason.
     public static let managedProperties: [String: String] = [
