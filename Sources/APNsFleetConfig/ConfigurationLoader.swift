@@ -95,8 +95,10 @@ public struct ConfigurationLoader: Sendable {
         // its environment variable always mean the same thing.
         providers.append(EnvironmentVariablesProvider(environmentVariables: flagValues, secretsSpecifier: .all))
 
+        // A variable set to nothing counts as unset: a deployment template whose value was left
+        // empty (`APNS_FLEET_KAFKA_SASL_PASSWORD=${PASSWORD}`) must not hide the file's value.
         var prefixed: [String: String] = [:]
-        for (name, value) in environment where name.hasPrefix(Self.environmentPrefix) {
+        for (name, value) in environment where name.hasPrefix(Self.environmentPrefix) && !value.trimmingSpaces.isEmpty {
             prefixed[String(name.dropFirst(Self.environmentPrefix.count))] = value
         }
         providers.append(EnvironmentVariablesProvider(environmentVariables: prefixed, secretsSpecifier: .all))

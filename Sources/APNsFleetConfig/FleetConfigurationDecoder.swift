@@ -136,7 +136,7 @@ struct FleetConfigurationDecoder {
         for (index, entry) in try stringList("kafka.properties").enumerated() {
             // The entry is not echoed: a mistyped one may hold a password.
             guard let equals = entry.firstIndex(of: "="), equals != entry.startIndex else {
-                throw ConfigurationError(key: "kafka.properties", "entries are name=value; entry \(index + 1) has no name before '='")
+                throw ConfigurationError(key: "kafka.properties", "entries are name=value; entry \(index + 1) has no '=' or no name before it")
             }
             let name = String(entry[..<equals])
             if let reason = KafkaSettings.managedProperties[name] {

@@ -110,6 +110,17 @@ struct ConfigurationLoaderTests {
         #expect(fromFlags.worker.maxInFlight == 7)
     }
 
+    @Test("an environment variable set to nothing counts as unset: the file's value stays")
+    func emptyEnvironmentVariableIsUnset() async throws {
+        let path = try temporaryFile("fleet.yaml", yaml)
+        let fromFile = try await ConfigurationLoader(filePath: path).load()
+        let environment = ["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "", "APNS_FLEET_WORKER_MAX_IN_FLIGHT": "  "]
+        let configuration = try await ConfigurationLoader(filePath: path, environment: environment).load()
+        #expect(configuration.kafka.bootstrapServers == fromFile.kafka.bootstrapServers)
+        #expect(configuration.kafka.bootstrapServers != KafkaSettings().bootstrapServers, "the file sets it")
+        #expect(configuration.worker.maxInFlight == fromFile.worker.maxInFlight)
+    }
+
     @Test(
         "bad configuration fails at start, naming the key and the problem",
         arguments: [
@@ -142,7 +153,7 @@ struct ConfigurationLoaderTests {
              "configuration key 'app.a.legacy-quiet-period-ms': is 5000 ms; it must be at least 1 s below worker.request-timeout-seconds (5000 ms), or every binary notification times out before it counts as delivered and is sent again"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "enable.auto.offset.store=true"],
              "configuration key 'kafka.properties': enable.auto.offset.store cannot be set here: offsets are stored only once a record's results are acknowledged (at-least-once)"),
-            (["APNS_FLEET_KAFKA_PROPERTIES": "sasl.password:hunter2"], "configuration key 'kafka.properties': entries are name=value; entry 1 has no name before '='"),
+            (["APNS_FLEET_KAFKA_PROPERTIES": "sasl.password:hunter2"], "configuration key 'kafka.properties': entries are name=value; entry 1 has no '=' or no name before it"),
             (["APNS_FLEET_DEFAULT_APP": "ghost"], "configuration key 'default-app': names app ghost, which is not in apps"),
             (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "13"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (12)"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "max.poll.interval.ms=5min"],
