@@ -335,7 +335,8 @@ public final class APNsClientPool: Service, Sendable {
 
     private func drainAndClose() async {
         let connections = state.withLock { Array($0.connections.values) }
-        let deadline = NIODeadline.now() + TimeAmount(configuration.drainTimeout)
+        // Cancelled (a forced stop), there is no time left to give in-flight requests.
+        let deadline = Task.isCancelled ? NIODeadline.now() : NIODeadline.now() + TimeAmount(configuration.drainTimeout)
         for connection in connections { connection.drain(until: deadline) }
         for connection in connections { try? await connection.closedFuture.get() }
     }

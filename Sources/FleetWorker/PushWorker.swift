@@ -201,6 +201,10 @@ public final class PushWorker: Service, Sendable {
     /// fan-out job counts by its tokens.
     static func weight(of record: KafkaRecord) -> Int {
         if record.headers.contains(where: { $0.key == JobDecoder.tokenHeader }) { return 1 }
+        // A retry record stands for the tokens it names, a part of the job's when it was split.
+        if let list = record.headers.first(where: { $0.key == JobIntake.retryTokensKey })?.value {
+            return max(1, list.reduce(1) { $1 == UInt8(ascii: ",") ? $0 + 1 : $0 })
+        }
         var quotes = 0
         var inTokens = false
         let marker = Self.tokensMarker
@@ -365,22 +369,22 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     func outcomeMessages(_ outcomes: [TokenOutcome], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         var messages: [KafkaOutgoingMessage] = []
-        var retryTokens: [DeviceToken] = []
+        var later: [LaterAttempt] = []
         var retryHeaders: RetryHeaders?
         for outcome in outcomes {
             switch outcome {
             case .finished(let result):
                 messages.append(resultMessage(result))
-            case .later(let token, let headers):
-                retryTokens.append(token)
-                // One retry record for the job: the latest not-before of its tokens.
-                if retryHeaders == nil || headers.notBefore > (retryHeaders?.notBefore ?? headers.notBefore) {
-                    retryHeaders = headers
+            case .later(let attempt):
+                later.append(attempt)
+                // One set of retry headers for the job: the latest not-before of its tokens.
+                if retryHeaders == nil || attempt.headers.notBefore > (retryHeaders?.notBefore ?? attempt.headers.notBefore) {
+                    retryHeaders = attempt.headers
                 }
             }
         }
         if let retryHeaders {
-            messages += retryMessages(tokens: retryTokens, headers: retryHeaders, of: job, record: record)
+            messages += retryMessages(later, headers: retryHeaders, of: job, record: record)
         }
         return messages
     }
@@ -390,29 +394,32 @@ public final class PushWorker: Service, Sendable {
     func outcomeMessage(_ outcome: TokenOutcome, of job: JobInFlight, record: KafkaRecord) -> KafkaOutgoingMessage {
         switch outcome {
         case .finished(let result): resultMessage(result)
-        case .later(let token, let headers):
+        case .later(let attempt):
             // One token makes one message: its retry record, or its `failed` result.
-            retryMessages(tokens: [token], headers: headers, of: job, record: record)[0]
+            retryMessages([attempt], headers: attempt.headers, of: job, record: record)[0]
         }
     }
 
-    /// What librdkafka counts against `message.max.bytes` besides the value, key and header
-    /// bytes (the record's and each header's length fields), with room to spare.
-    static let recordOverheadBytes = 1024
+    /// What librdkafka counts against `message.max.bytes` besides the value, key and headers:
+    /// the record's own fields (at most 36 bytes in librdkafka 2.0.2), with room to spare.
+    static let recordOverheadBytes = 64
+    /// Besides a header's name and value: their two length fields (varints, at most 5 bytes each).
+    static let headerOverheadBytes = 10
 
     /// The job again, for `apns.jobs.retry`: the tokens still to send and when, split over as
     /// many records as it takes to keep each within the producer's `message.max.bytes` (a
     /// fan-out job's `retry-tokens` can run to megabytes). A token that fits no record (the job
     /// itself is near the limit) gets a `failed` result instead: refused as too large, its record
     /// would be published again forever and hold its partition's offset back.
-    private func retryMessages(tokens: [DeviceToken], headers retry: RetryHeaders, of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
+    private func retryMessages(_ later: [LaterAttempt], headers retry: RetryHeaders, of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         var headers = retry.applied(to: record.headers.filter {
             $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
         })
         headers.append(RecordHeader(RetryHeaders.jobIDKey, job.jobID))
+        func size(_ header: RecordHeader) -> Int { header.key.utf8.count + (header.value?.count ?? 0) + Self.headerOverheadBytes }
         let maximumBytes = configuration.fleet.kafka.producerMessageMaxBytes
-        let fixedBytes = record.value.count + (record.key?.count ?? 0) + JobIntake.retryTokensKey.utf8.count + Self.recordOverheadBytes
-            + headers.reduce(0) { $0 + $1.key.utf8.count + ($1.value?.count ?? 0) }
+        let fixedBytes = Self.recordOverheadBytes + record.value.count + (record.key?.count ?? 0)
+            + headers.reduce(0) { $0 + size($1) } + size(RecordHeader(key: JobIntake.retryTokensKey, value: nil))
         let listBudget = maximumBytes - fixedBytes
         var messages: [KafkaOutgoingMessage] = []
         var list: [UInt8] = []
@@ -426,15 +433,10 @@ public final class PushWorker: Service, Sendable {
             list.removeAll(keepingCapacity: true)
             listed = 0
         }
-        for token in tokens {
-            let hex = token.hex.utf8
+        for attempt in later {
+            let hex = attempt.token.hex.utf8
             guard hex.count <= listBudget else {
-                let reason = "\(retry.lastReason); no retry: the job's retry record would be \(fixedBytes + hex.count) bytes, above the producer's message.max.bytes (\(maximumBytes))"
-                logFinished(job, token: token, outcome: .failed, status: nil, reason: reason, attempts: retry.attempt)
-                messages.append(resultMessage(result(
-                    job, token: token, outcome: .failed, status: nil, reason: reason,
-                    attempts: retry.attempt, latency: 0, send: nil
-                )))
+                messages.append(resultMessage(noRetry(attempt, of: job, recordBytes: fixedBytes + hex.count, limit: maximumBytes)))
                 continue
             }
             if listed > 0, list.count + 1 + hex.count > listBudget { publishList() }
@@ -446,11 +448,33 @@ public final class PushWorker: Service, Sendable {
         return messages
     }
 
+    /// The `failed` result of a token that was to retry later but whose retry record cannot fit
+    /// in Kafka: its last attempt's answer, and why it goes no further.
+    private func noRetry(_ attempt: LaterAttempt, of job: JobInFlight, recordBytes: Int, limit: Int) -> NotificationResult {
+        let reason = "\(attempt.headers.lastReason); no retry: the job's retry record would be \(recordBytes) bytes, above the producer's message.max.bytes (\(limit))"
+        var status: Int?
+        if case .answered(let answered, _) = attempt.last.attempt { status = answered }
+        logFinished(job, token: attempt.token, outcome: .failed, status: status, reason: reason, attempts: attempt.headers.attempt)
+        return result(
+            job, token: attempt.token, outcome: .failed, status: status, reason: reason,
+            attempts: attempt.headers.attempt, latency: attempt.latency, send: attempt.last
+        )
+    }
+
+    /// A token to send again later, through the retry topic, with its last attempt.
+    struct LaterAttempt: Sendable {
+        var token: DeviceToken
+        var headers: RetryHeaders
+        var last: SendResult
+        /// Every attempt's latency so far, added up.
+        var latency: Double
+    }
+
     /// Not `indirect`: a boxed result was copied into its box and out again, a retain and a
     /// release for each of its strings both times, on every notification.
     enum TokenOutcome: Sendable {
         case finished(NotificationResult)
-        case later(DeviceToken, RetryHeaders)
+        case later(LaterAttempt)
     }
 
     /// Sends one notification, retrying in process as the policy says.
@@ -538,7 +562,8 @@ public final class PushWorker: Service, Sendable {
                 "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
                 "apns.attempt": "\(attempt)", "apns.last_reason": "\(lastReason)", "apns.not_before": "\(notBefore.value)",
             ])
-            return .done(.later(token, RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason)))
+            let headers = RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason)
+            return .done(.later(LaterAttempt(token: token, headers: headers, last: sent, latency: progress.totalLatency)))
         }
     }
 

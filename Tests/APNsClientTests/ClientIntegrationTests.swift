@@ -445,22 +445,29 @@ struct ClientIntegrationTests {
         }
     }
 
-    @Test("Cancelled, run() shuts the pool down and returns instead of hanging with its loops spinning")
+    @Test("Cancelled, run() shuts the pool down at once and returns instead of hanging with its loops spinning")
     func cancelledRunShutsDown() async throws {
-        try await withPool { _, simulator, credentials in
+        try await withPool(simulator: { $0.behaviour.latency = .seconds(30) }) { _, simulator, credentials in
             let port = try #require(simulator.port(.http2TLS))
-            let pool = try APNsClientPool(configuration: credentials.configuration(port: port), logger: Fixture.logger)
+            var configuration = try credentials.configuration(port: port)
+            configuration.drainTimeout = .seconds(20)
+            let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
             let finished = Mutex(false)
             let running = Task {
                 try await pool.run()
                 finished.withLock { $0 = true }
             }
             #expect(await pool.waitUntilReady())
+            // A request the simulator holds for 30 s: a forced stop does not wait out the drain.
+            let inFlight = Task { await pool.send(Fixture.notification(), timeout: .seconds(60)) }
+            #expect(await waitFor { pool.statistics.inFlight == 1 })
             running.cancel()
             let returned = await waitFor(timeout: .seconds(10)) { finished.withLock { $0 } }
             #expect(returned, "run() still running 10 s after its task was cancelled")
             if !returned { pool.shutdown() }
             try await running.value
+            let outcome = await inFlight.value
+            #expect(outcome.notAnswered != nil, "\(outcome)")
             let late = await pool.send(Fixture.notification(), timeout: .seconds(1))
             #expect(late.notAnswered?.kind == .shutdown)
         }

@@ -1,4 +1,5 @@
 import APNsCore
+import KafkaTransport
 import Logging
 import Synchronization
 import Testing
@@ -125,5 +126,17 @@ struct FlowControlTests {
         #expect(next.metadata["log.left_out"] == "7")
         let after = throttle.admit(now: start + .seconds(11))
         #expect(after.log && after.leftOut == 0 && after.metadata.isEmpty)
+    }
+
+    @Test("a waiting retry record takes slots for the tokens it names, not for every token of its job")
+    func retryRecordWeight() {
+        func record(_ value: String, _ headers: [RecordHeader] = []) -> KafkaRecord {
+            KafkaRecord(topic: "apns.jobs.retry", partition: 0, offset: 0, key: nil, value: Array(value.utf8), headers: headers, timestamp: nil, assignmentEpoch: 1)
+        }
+        let job = #"{"tokens":["aa","bb","cc","dd","ee"],"payload":{}}"#
+        #expect(PushWorker.weight(of: record(job)) == 5)
+        #expect(PushWorker.weight(of: record(job, [RecordHeader("retry-tokens", "bb,dd")])) == 2)
+        #expect(PushWorker.weight(of: record(job, [RecordHeader("retry-tokens", "cc")])) == 1)
+        #expect(PushWorker.weight(of: record(#"{"token":"aa","payload":{}}"#)) == 1)
     }
 }

@@ -270,22 +270,21 @@ extension RetryPathTests {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
         behaviour.serviceUnavailableRate = 1
         let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 5, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
-        let limit = 6000
-        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10, messageMaxBytes: limit)
-        // A job Kafka takes, but too close to the limit for the retry headers to fit beside it.
-        let filler = String(repeating: "x", count: 4000)
-        let meta = String(repeating: "m", count: 900)
+        // A job Kafka takes, but too close to the limit for the retry headers (about 250 bytes
+        // with the token's list) to fit beside it.
         let token = InProcessFleet.token(1)
-        let job = fleet.job(#"{"id":"big","token":"\#(token)","payload":{"aps":{"alert":"\#(filler)"}},"meta":{"m":"\#(meta)"}}"#)
-        #expect(job.value.count < limit && job.value.count + 1024 > limit - 200)
-        let outcome = try await fleet.run([job]) { results, _ in !results.isEmpty }
+        let json = #"{"id":"big","token":"\#(token)","payload":{"aps":{"alert":"\#(String(repeating: "x", count: 4000))"}}}"#
+        let limit = json.utf8.count + 150
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10, messageMaxBytes: limit)
+        let outcome = try await fleet.run([fleet.job(json)]) { results, _ in !results.isEmpty }
 
         #expect(outcome.retries.isEmpty)
         let result = try #require(outcome.results.first)
         #expect(outcome.results.count == 1)
-        #expect(result.outcome == .failed && result.attempts == 1, "\(result.outcome) after \(result.attempts)")
+        #expect(result.outcome == .failed && result.status == 503 && result.attempts == 1, "\(result.outcome) \(result.status ?? 0) after \(result.attempts)")
+        #expect(result.apnsID != nil, "the last attempt's answer is kept")
         #expect(result.reason?.hasPrefix("ServiceUnavailable; no retry: the job's retry record would be") == true, "\(result.reason ?? "")")
-        #expect(result.reason?.contains("message.max.bytes (6000)") == true)
+        #expect(result.reason?.contains("message.max.bytes (\(limit))") == true)
         #expect(outcome.offsetsAtEnd)
     }
 }
