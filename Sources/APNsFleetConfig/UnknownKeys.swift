@@ -21,7 +21,12 @@ enum UnknownKeys {
                 return flatten(json: try JSONSerialization.jsonObject(with: data), prefix: nil)
             }
             guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return [] }
+            if let key = nullSetting(yaml: node, prefix: nil) {
+                throw ConfigurationError(key: key, "is null in \(path) (~, null, or nothing after the colon); give it a value, or remove it for its default")
+            }
             return flatten(yaml: node, prefix: nil)
+        } catch let error as ConfigurationError {
+            throw error
         } catch {
             throw ConfigurationError(key: nil, "cannot read config file \(path): \(ConfigFileProblem.describe(error, path: path))")
         }
@@ -35,6 +40,21 @@ enum UnknownKeys {
             if prefix == nil, name.hasPrefix("x-") { return [] }
             return flatten(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name)
         }
+    }
+
+    /// The first setting (a catalogued key, not a section) the document leaves null: the file
+    /// reader would take it as the text "~" or "null", which is never what was meant.
+    private static func nullSetting(yaml node: Node, prefix: String?) -> String? {
+        if let prefix, let scalar = node.scalar, scalar.style == .plain || scalar.style == .any, node.null != nil {
+            return isCatalogued(prefix) ? prefix : nil
+        }
+        guard let mapping = node.mapping else { return nil }
+        for (key, value) in mapping {
+            let name = key.string ?? "\(key)"
+            if prefix == nil, name.hasPrefix("x-") { continue }
+            if let found = nullSetting(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name) { return found }
+        }
+        return nil
     }
 
     private static func flatten(json value: Any, prefix: String?) -> [String] {

@@ -110,6 +110,19 @@ struct ConfigurationLoaderTests {
         #expect(fromFlags.worker.maxInFlight == 7)
     }
 
+    @Test("a setting left null in YAML is an error naming it; an empty section and a quoted \"null\" are fine")
+    func nullSettingInYAML() async throws {
+        for (text, key) in [("worker:\n  id: ~\n", "worker.id"), ("kafka:\n  sasl:\n    password:\n", "kafka.sasl.password"), ("worker:\n  max-in-flight: null\n", "worker.max-in-flight")] {
+            let path = try temporaryFile("fleet.yaml", text)
+            let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: path).load() }
+            #expect(error?.key == key && error?.problem.hasPrefix("is null in \(path)") == true, "\(String(describing: error))")
+        }
+        let path = try temporaryFile("fleet.yaml", "worker:\n  id: \"null\"\nadmin:\n  # port: 9464\n")
+        let configuration = try await ConfigurationLoader(filePath: path).load()
+        #expect(configuration.worker.id == "null")
+        #expect(configuration.admin.port == 9464)
+    }
+
     @Test("an environment variable set to nothing counts as unset: the file's value stays")
     func emptyEnvironmentVariableIsUnset() async throws {
         let path = try temporaryFile("fleet.yaml", yaml)
