@@ -9,10 +9,22 @@ import Darwin
 
 /// Reads secrets and checks key files. Nothing here ever puts file contents into an error.
 public enum SecretFile {
+    /// The most a secret file may hold: a password is one line, and a path mistyped to a large
+    /// file (or `/dev/zero`) must not be read whole.
+    static let maximumBytes = 64 * 1024
+
     /// Reads a small secret file (a password), dropping one trailing newline.
     static func read(_ path: String, key: String) throws(ConfigurationError) -> Secret {
-        guard let data = FileManager.default.contents(atPath: path) else {
+        let data: Data
+        do {
+            guard let handle = FileHandle(forReadingAtPath: path) else { throw CocoaError(.fileReadNoSuchFile) }
+            defer { try? handle.close() }
+            data = try handle.read(upToCount: maximumBytes + 1) ?? Data()
+        } catch {
             throw ConfigurationError(key: key, "cannot read \(path)")
+        }
+        guard data.count <= maximumBytes else {
+            throw ConfigurationError(key: key, "\(path) is larger than \(maximumBytes / 1024) KiB; a password file holds one line")
         }
         guard var text = String(data: data, encoding: .utf8) else {
             throw ConfigurationError(key: key, "\(path) is not UTF-8 text")

@@ -218,6 +218,18 @@ struct ConfigurationLoaderTests {
             "APNS_FLEET_KAFKA_SASL_PASSWORD_FILE": path,
         ]).load()
         #expect(configuration.kafka.saslPassword?.revealed == "from-file")
+
+        // A path mistyped to something large is refused before it is read whole.
+        for (large, problem) in [
+            (try temporaryFile("big", String(repeating: "x", count: 70_000)), "is larger than 64 KiB; a password file holds one line"),
+            ("/dev/zero", "is larger than 64 KiB; a password file holds one line"),
+            (FileManager.default.temporaryDirectory.path, "cannot read"),
+        ] {
+            let error = await #expect(throws: ConfigurationError.self) {
+                try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SASL_PASSWORD_FILE": large]).load()
+            }
+            #expect(error?.key == "kafka.sasl.password-file" && error?.problem.contains(problem) == true, "\(String(describing: error))")
+        }
     }
 
     @Test("a config file the parser refuses is reported by line, never quoted (it may hold a password)")
