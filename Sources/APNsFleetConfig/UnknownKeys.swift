@@ -18,7 +18,12 @@ enum UnknownKeys {
         do {
             let lower = path.lowercased()
             if lower.hasSuffix(".json") {
-                return flatten(json: try JSONSerialization.jsonObject(with: data), prefix: nil)
+                let keys = flatten(json: try JSONSerialization.jsonObject(with: data), prefix: nil)
+                // Foundation's reader turns `true` into 1 for an integer key; the exact parser tells them apart.
+                if let value = try? JSONParser.parse(Array(data)), let (key, problem) = jsonTypeProblem(value, prefix: nil) {
+                    throw ConfigurationError(key: key, "\(problem) in \(path)")
+                }
+                return keys
             }
             guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return [] }
             if let key = nullSetting(yaml: node, prefix: nil) {
@@ -56,6 +61,35 @@ enum UnknownKeys {
         }
         return nil
     }
+
+    /// The first setting of a JSON file that is `null`, or `true`/`false` for a key that is not a
+    /// boolean, with what is wrong with it.
+    private static func jsonTypeProblem(_ value: JSONValue, prefix: String?) -> (key: String, problem: String)? {
+        switch value {
+        case .object(let members):
+            for member in members {
+                if prefix == nil, member.key.hasPrefix("x-") { continue }
+                if let found = jsonTypeProblem(member.value, prefix: prefix.map { "\($0).\(member.key)" } ?? member.key) { return found }
+            }
+        case .null:
+            if let prefix, isCatalogued(prefix) { return (prefix, "is null; give it a value, or remove it for its default") }
+        case .bool(let flag):
+            if let prefix, let type = catalogueType(of: prefix), type != "bool" {
+                return (prefix, "must be \(["integer": "an integer", "number": "a number"][type] ?? type), got \(flag)")
+            }
+        default:
+            break
+        }
+        return nil
+    }
+
+    private static func catalogueType(of key: String) -> String? {
+        if let type = typesByName[key] { return type }
+        guard let (app, suffix) = appKey(key), !app.isEmpty else { return nil }
+        return typesByName[appPrefix + suffix]
+    }
+
+    private static let typesByName = Dictionary(ConfigurationKeys.all.map { ($0.name, $0.type) }, uniquingKeysWith: { first, _ in first })
 
     private static func flatten(json value: Any, prefix: String?) -> [String] {
         if value is NSNull { return [] }

@@ -123,6 +123,22 @@ struct ConfigurationLoaderTests {
         #expect(configuration.admin.port == 9464)
     }
 
+    @Test("JSON: true for a number, or a null setting, is an error naming the key; a null section is fine")
+    func jsonTypes() async throws {
+        for (text, key, problem) in [
+            (#"{"worker":{"max-in-flight":true}}"#, "worker.max-in-flight", "must be an integer, got true in "),
+            (#"{"apps":["a"],"app":{"a":{"connections":false}}}"#, "app.a.connections", "must be 1-64, got false in "),
+            (#"{"worker":{"id":null}}"#, "worker.id", "is null; give it a value, or remove it for its default in "),
+        ] {
+            let path = try temporaryFile("fleet.json", text)
+            let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: path).load() }
+            #expect(error?.key == key && error?.problem == problem + path, "\(String(describing: error))")
+        }
+        let path = try temporaryFile("fleet.json", #"{"worker":{"id":"w1"},"admin":null}"#)
+        let configuration = try await ConfigurationLoader(filePath: path).load()
+        #expect(configuration.worker.id == "w1" && configuration.admin.port == 9464)
+    }
+
     @Test("an environment variable set to nothing counts as unset: the file's value stays")
     func emptyEnvironmentVariableIsUnset() async throws {
         let path = try temporaryFile("fleet.yaml", yaml)
