@@ -45,12 +45,17 @@ public struct ConfigurationLoader: Sendable {
     /// would read it.
     public func load() async throws(ConfigurationError) -> FleetConfiguration {
         let reader = try await makeReader()
-        let fileKeys = try filePath.map { path throws(ConfigurationError) in try UnknownKeys.keys(ofFile: path) } ?? []
+        let file = try filePath.map { path throws(ConfigurationError) in try UnknownKeys.keys(ofFile: path) } ?? UnknownKeys.FileKeys()
         let flagKeys = overrides.compactMap { pair in pair.firstIndex(of: "=").map { String(pair[..<$0]) } }
-        try UnknownKeys.check(fileKeys, source: "in \(filePath ?? "the config file")")
+        try UnknownKeys.check(file.keys, source: "in \(filePath ?? "the config file")")
         try UnknownKeys.check(flagKeys, source: "in --set")
+        // Values the file reader would misread are refused before decoding turns them into
+        // confusing range errors; app keys once the listed apps are known.
+        let source = "in \(filePath ?? "the config file")"
+        try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: flagKeys, environment: environment, apps: nil)
         let configuration = try FleetConfigurationDecoder(reader: reader).decode()
         try UnknownKeys.checkApps(flagKeys, source: "in --set", apps: configuration.apps.map(\.name))
+        try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: flagKeys, environment: environment, apps: configuration.apps.map(\.name))
         return configuration
     }
 
@@ -95,10 +100,8 @@ public struct ConfigurationLoader: Sendable {
         // its environment variable always mean the same thing.
         providers.append(EnvironmentVariablesProvider(environmentVariables: flagValues, secretsSpecifier: .all))
 
-        // A variable set to nothing counts as unset: a deployment template whose value was left
-        // empty (`APNS_FLEET_KAFKA_SASL_PASSWORD=${PASSWORD}`) must not hide the file's value.
         var prefixed: [String: String] = [:]
-        for (name, value) in environment where name.hasPrefix(Self.environmentPrefix) && !value.trimmingSpaces.isEmpty {
+        for (name, value) in environment where name.hasPrefix(Self.environmentPrefix) {
             prefixed[String(name.dropFirst(Self.environmentPrefix.count))] = value
         }
         providers.append(EnvironmentVariablesProvider(environmentVariables: prefixed, secretsSpecifier: .all))

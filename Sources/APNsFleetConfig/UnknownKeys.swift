@@ -8,30 +8,35 @@ import Yams
 /// that pick different `apps` may configure more). Environment variables are only warned
 /// about, because Kubernetes adds `<SERVICE>_PORT`-style variables of its own.
 enum UnknownKeys {
+    /// What a configuration file sets: its keys, and the values the file reader would take
+    /// for something other than what was written.
+    struct FileKeys {
+        var keys: [String] = []
+        /// Settings given as `~`/`null`, which the reader takes as that text, and JSON `true` or
+        /// `false` for a number, which it takes as 1 or 0; with what is wrong.
+        var valueProblems: [(key: String, problem: String)] = []
+    }
+
     /// The keys of a configuration file, flattened the way swift-configuration reads them:
     /// nested mappings joined with `.`; lists and scalars are values; nulls set nothing (an
     /// empty section). Top-level `x-*` keys are left alone, as holders of YAML anchors.
-    static func keys(ofFile path: String) throws(ConfigurationError) -> [String] {
+    static func keys(ofFile path: String) throws(ConfigurationError) -> FileKeys {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw ConfigurationError(key: nil, "cannot read config file \(path)")
         }
         do {
+            var file = FileKeys()
             let lower = path.lowercased()
             if lower.hasSuffix(".json") {
-                let keys = flatten(json: try JSONSerialization.jsonObject(with: data), prefix: nil)
+                file.keys = flatten(json: try JSONSerialization.jsonObject(with: data), prefix: nil)
                 // Foundation's reader turns `true` into 1 for an integer key; the exact parser tells them apart.
-                if let value = try? JSONParser.parse(Array(data)), let (key, problem) = jsonTypeProblem(value, prefix: nil) {
-                    throw ConfigurationError(key: key, "\(problem) in \(path)")
-                }
-                return keys
+                if let value = try? JSONParser.parse(Array(data)) { jsonValueProblems(value, prefix: nil, into: &file.valueProblems) }
+                return file
             }
-            guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return [] }
-            if let key = nullSetting(yaml: node, prefix: nil) {
-                throw ConfigurationError(key: key, "is null in \(path) (~, null, or nothing after the colon); give it a value, or remove it for its default")
-            }
-            return flatten(yaml: node, prefix: nil)
-        } catch let error as ConfigurationError {
-            throw error
+            guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return file }
+            nullSettings(yaml: node, prefix: nil, into: &file.valueProblems)
+            file.keys = flatten(yaml: node, prefix: nil)
+            return file
         } catch {
             throw ConfigurationError(key: nil, "cannot read config file \(path): \(ConfigFileProblem.describe(error, path: path))")
         }
@@ -47,40 +52,50 @@ enum UnknownKeys {
         }
     }
 
-    /// The first setting (a catalogued key, not a section) the document leaves null: the file
-    /// reader would take it as the text "~" or "null", which is never what was meant.
-    private static func nullSetting(yaml node: Node, prefix: String?) -> String? {
-        if let prefix, let scalar = node.scalar, scalar.style == .plain || scalar.style == .any, node.null != nil {
-            return isCatalogued(prefix) ? prefix : nil
+    static let nullProblem = "is null (~ or null), which would be read as that text; give it a value, or remove it for its default"
+
+    /// Settings (catalogued keys, not sections) the document gives as `~` or `null`, unquoted:
+    /// the reader takes them as that text. (Nothing after the colon reads as the default.)
+    private static func nullSettings(yaml node: Node, prefix: String?, into problems: inout [(key: String, problem: String)]) {
+        if let prefix, let scalar = node.scalar, scalar.style == .plain || scalar.style == .any, !scalar.string.isEmpty, node.null != nil {
+            if isCatalogued(prefix) { problems.append((prefix, nullProblem)) }
+            return
         }
-        guard let mapping = node.mapping else { return nil }
+        guard let mapping = node.mapping else { return }
         for (key, value) in mapping {
             let name = key.string ?? "\(key)"
             if prefix == nil, name.hasPrefix("x-") { continue }
-            if let found = nullSetting(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name) { return found }
+            nullSettings(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name, into: &problems)
         }
-        return nil
     }
 
-    /// The first setting of a JSON file that is `null`, or `true`/`false` for a key that is not a
-    /// boolean, with what is wrong with it.
-    private static func jsonTypeProblem(_ value: JSONValue, prefix: String?) -> (key: String, problem: String)? {
+    /// Refuses the first of `problems` that decides a value: not for a key a flag or an
+    /// environment variable sets (they win over the file), nor for an app not in `apps`; with
+    /// `apps` nil (before they are known), for no app key.
+    static func checkValues(_ problems: [(key: String, problem: String)], source: String, flagKeys: [String], environment: [String: String], apps: [String]?) throws(ConfigurationError) {
+        for (key, problem) in problems {
+            if flagKeys.contains(key) || environment[ConfigurationLoader.environmentName(for: key)] != nil { continue }
+            if let app = appName(in: key), !(apps ?? []).contains(app) { continue }
+            throw ConfigurationError(key: key, "\(problem) (\(source))")
+        }
+    }
+
+    /// `true`/`false` in a JSON file for a key that is not a boolean (the reader takes it as 1 or 0).
+    /// A JSON `null` sets nothing, like an empty YAML value.
+    private static func jsonValueProblems(_ value: JSONValue, prefix: String?, into problems: inout [(key: String, problem: String)]) {
         switch value {
         case .object(let members):
             for member in members {
                 if prefix == nil, member.key.hasPrefix("x-") { continue }
-                if let found = jsonTypeProblem(member.value, prefix: prefix.map { "\($0).\(member.key)" } ?? member.key) { return found }
+                jsonValueProblems(member.value, prefix: prefix.map { "\($0).\(member.key)" } ?? member.key, into: &problems)
             }
-        case .null:
-            if let prefix, isCatalogued(prefix) { return (prefix, "is null; give it a value, or remove it for its default") }
         case .bool(let flag):
             if let prefix, let type = catalogueType(of: prefix), type != "bool" {
-                return (prefix, "must be \(["integer": "an integer", "number": "a number"][type] ?? type), got \(flag)")
+                problems.append((prefix, "must be \(["integer": "an integer", "number": "a number"][type] ?? type), got \(flag)"))
             }
         default:
             break
         }
-        return nil
     }
 
     private static func catalogueType(of key: String) -> String? {
