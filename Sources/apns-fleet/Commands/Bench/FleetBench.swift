@@ -101,10 +101,17 @@ struct FleetBench {
             let started = ContinuousClock.now
             let hostAtStart = HostCPUTimes.now()
             var expected = 0
+            var progress = (seen: -1, at: ContinuousClock.now)
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
+                if snapshot.notificationsSeen != progress.seen { progress = (snapshot.notificationsSeen, .now) }
+                // A stall, such as jobs kafka-dev dropped (it keeps about 5 MiB per partition)
+                // before a worker read them, ends the run with the workers' logs instead of at --timeout.
+                if ContinuousClock.now - progress.at > Self.stallLimit, let worker = fleet.pushWorkers.first {
+                    throw CommandFailure("no new result for \(Self.stallLimit) with \(snapshot.notificationsExpected - snapshot.notificationsSeen) notifications unanswered (with kafka-dev, fewer --jobs may fit its 5 MiB per partition); the worker's log (\(worker.logPath)) ends:\n\(worker.logTail())")
+                }
                 if snapshot.recordsSkipped > 0 { throw CommandFailure(RunTally.skippedRecordsMessage(snapshot.recordsSkipped)) }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
                     throw CommandFailure("\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())")
@@ -169,6 +176,9 @@ struct FleetBench {
             return record
         }
     }
+
+    /// How long a run may go without a new result before it is called stalled.
+    static let stallLimit: Duration = .seconds(60)
 
     static func nowMillis() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
