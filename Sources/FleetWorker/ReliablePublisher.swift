@@ -10,12 +10,11 @@ struct ReliablePublisher: Sendable {
     let producer: KafkaProducer
     let logger: Logger
     /// A Kafka outage fails every message: one warning each would flood the log.
-    let retryLogs: LogThrottle
+    let retryLogs = LogThrottle()
 
-    init(producer: KafkaProducer, logger: Logger, retryLogs: LogThrottle = LogThrottle()) {
+    init(producer: KafkaProducer, logger: Logger) {
         self.producer = producer
         self.logger = logger
-        self.retryLogs = retryLogs
     }
 
     /// Returns false only when the task is cancelled first: the caller's record then stays
