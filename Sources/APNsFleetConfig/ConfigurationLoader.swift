@@ -47,11 +47,11 @@ public struct ConfigurationLoader: Sendable {
         let reader = try await makeReader()
         let file = try filePath.map { path throws(ConfigurationError) in try UnknownKeys.keys(ofFile: path) } ?? UnknownKeys.FileKeys()
         let flagKeys = overrides.compactMap { pair in pair.firstIndex(of: "=").map { String(pair[..<$0]) } }
-        try UnknownKeys.check(file.keys, source: "in \(filePath ?? "the config file")")
+        let source = "in \(filePath ?? "the config file")"
+        try UnknownKeys.check(file.keys, source: source)
         try UnknownKeys.check(flagKeys, source: "in --set")
         // Values the file reader would misread are refused before decoding turns them into
         // confusing range errors; app keys once the listed apps are known.
-        let source = "in \(filePath ?? "the config file")"
         try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: flagKeys, environment: environment, apps: nil)
         let configuration = try FleetConfigurationDecoder(reader: reader).decode()
         try UnknownKeys.checkApps(flagKeys, source: "in --set", apps: configuration.apps.map(\.name))

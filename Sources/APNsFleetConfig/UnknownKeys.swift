@@ -34,40 +34,32 @@ enum UnknownKeys {
                 return file
             }
             guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return file }
-            nullSettings(yaml: node, prefix: nil, into: &file.valueProblems)
-            file.keys = flatten(yaml: node, prefix: nil)
+            file.keys = flatten(yaml: node, prefix: nil, nullSettings: &file.valueProblems)
             return file
         } catch {
             throw ConfigurationError(key: nil, "cannot read config file \(path): \(ConfigFileProblem.describe(error, path: path))")
         }
     }
 
-    private static func flatten(yaml node: Node, prefix: String?) -> [String] {
-        if node.null != nil { return [] }
+    /// The keys under `node`, and into `nullSettings` the settings (catalogued keys, not sections)
+    /// given as `~` or `null`, unquoted: the reader takes them as that text. (Nothing after the
+    /// colon reads as the default.)
+    private static func flatten(yaml node: Node, prefix: String?, nullSettings: inout [(key: String, problem: String)]) -> [String] {
+        if node.null != nil {
+            if let prefix, let scalar = node.scalar, scalar.style == .plain || scalar.style == .any, !scalar.string.isEmpty, isCatalogued(prefix) {
+                nullSettings.append((prefix, nullProblem))
+            }
+            return []
+        }
         guard let mapping = node.mapping else { return prefix.map { [$0] } ?? [] }
         return mapping.flatMap { key, value -> [String] in
             let name = key.string ?? "\(key)"
             if prefix == nil, name.hasPrefix("x-") { return [] }
-            return flatten(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name)
+            return flatten(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name, nullSettings: &nullSettings)
         }
     }
 
-    static let nullProblem = "is null (~ or null), which would be read as that text; give it a value, or remove it for its default"
-
-    /// Settings (catalogued keys, not sections) the document gives as `~` or `null`, unquoted:
-    /// the reader takes them as that text. (Nothing after the colon reads as the default.)
-    private static func nullSettings(yaml node: Node, prefix: String?, into problems: inout [(key: String, problem: String)]) {
-        if let prefix, let scalar = node.scalar, scalar.style == .plain || scalar.style == .any, !scalar.string.isEmpty, node.null != nil {
-            if isCatalogued(prefix) { problems.append((prefix, nullProblem)) }
-            return
-        }
-        guard let mapping = node.mapping else { return }
-        for (key, value) in mapping {
-            let name = key.string ?? "\(key)"
-            if prefix == nil, name.hasPrefix("x-") { continue }
-            nullSettings(yaml: value, prefix: prefix.map { "\($0).\(name)" } ?? name, into: &problems)
-        }
-    }
+    private static let nullProblem = "is null (~ or null), which would be read as that text; give it a value, or remove it for its default"
 
     /// Refuses the first of `problems` that decides a value: not for a key a flag or an
     /// environment variable sets (they win over the file), nor for an app not in `apps`; with
@@ -177,11 +169,7 @@ enum UnknownKeys {
     /// `app.<name>.<suffix>`'s name, if `key` has that shape.
     private static func appName(in key: String) -> String? { appKey(key)?.app }
 
-    private static func isCatalogued(_ key: String) -> Bool {
-        if plainKeys.contains(key) { return true }
-        guard let (app, suffix) = appKey(key) else { return false }
-        return !app.isEmpty && appKeySuffixes.contains(suffix)
-    }
+    private static func isCatalogued(_ key: String) -> Bool { catalogueType(of: key) != nil }
 
     /// The catalogued key closest to `key` (at most a third of its characters different).
     private static func suggestion(for key: String) -> String? {

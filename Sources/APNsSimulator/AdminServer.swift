@@ -138,7 +138,7 @@ final class AdminHandler: ChannelInboundHandler {
                 guard let rate = Double(value) else { throw SimulatorConfigurationError("error_503_rate must be a number, not '\(value)'") }
                 overrides.serviceUnavailableRate = rate
             case "latency_ms":
-                guard let milliseconds = Int64(value), milliseconds >= 0, milliseconds <= 86_400_000 else {
+                guard let milliseconds = Int64(value), milliseconds >= 0, milliseconds <= APNsSimulatorConfiguration.longestDuration.components.seconds * 1000 else {
                     throw SimulatorConfigurationError("latency_ms must be a whole number from 0 to 86400000 (a day), not '\(value)'")
                 }
                 overrides.latency = .milliseconds(milliseconds)

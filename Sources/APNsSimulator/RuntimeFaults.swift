@@ -48,7 +48,7 @@ public final class RuntimeFaults: Sendable {
                 throw SimulatorConfigurationError("the 500 and 503 rates add up to more than 1")
             }
             // A day at most, as at start: beyond that a timer (and this description) would not fit.
-            if let latency, latency < .zero || latency > .seconds(86_400) {
+            if let latency, latency < .zero || latency > APNsSimulatorConfiguration.longestDuration {
                 throw SimulatorConfigurationError("latency must be between 0 and a day, got \(latency)")
             }
         }

@@ -4,6 +4,10 @@ import Foundation
 /// Everything the simulator does, in one value. Start with `APNsSimulatorConfiguration()` and
 /// set what you need; `APNsSimulatorConfigFile` reads the same settings from JSON.
 public struct APNsSimulatorConfiguration: Sendable {
+    /// The longest latency, window or timeout the simulator takes. Durations become event-loop
+    /// timers: huge ones would not fit, and a day is far beyond any test.
+    static let longestDuration = Duration.seconds(86_400)
+
     /// Where to listen. A port of 0 picks a free one; nil disables the listener.
     public struct Listeners: Sendable {
         /// Default: "127.0.0.1".
@@ -323,9 +327,7 @@ extension APNsSimulatorConfiguration {
         for (name, port) in ports {
             if let port, !(0...65535).contains(port) { throw SimulatorConfigurationError("the \(name) must be 0 to 65535 (0 picks a free one), got \(port)") }
         }
-        // Durations become event-loop timers: negative ones make no sense, and huge ones would
-        // not fit; a day is far beyond any test.
-        let day = Duration.seconds(86_400)
+        let day = Self.longestDuration
         for (name, duration) in [("latency_ms", behaviour.latency), ("latency_jitter_ms", behaviour.latencyJitter)] {
             guard duration >= .zero, duration <= day else { throw SimulatorConfigurationError("\(name) must be between 0 and a day, got \(duration)") }
         }

@@ -327,7 +327,7 @@ public final class PushWorker: Service, Sendable {
             "apns.token": "\(Self.shortToken(rejected.results.first?.token ?? ""))",
             "job.tokens": "\(rejected.results.count)",
             "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
-            "job.reason": "\(rejected.rejection.reason)",
+            "job.reason": "\(rejected.results.first?.reason ?? "")",
         ], to: logger)
         Counter(label: "apns.worker.dlq", dimensions: [("topic", record.topic)]).increment()
         var messages = rejected.results.map { resultMessage($0) }
@@ -370,33 +370,25 @@ public final class PushWorker: Service, Sendable {
     func outcomeMessages(_ outcomes: [TokenOutcome], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         var messages: [KafkaOutgoingMessage] = []
         var later: [LaterAttempt] = []
-        var retryHeaders: RetryHeaders?
         for outcome in outcomes {
             switch outcome {
-            case .finished(let result):
-                messages.append(resultMessage(result))
-            case .later(let attempt):
-                later.append(attempt)
-                // One set of retry headers for the job: the latest not-before of its tokens.
-                if retryHeaders == nil || attempt.headers.notBefore > (retryHeaders?.notBefore ?? attempt.headers.notBefore) {
-                    retryHeaders = attempt.headers
-                }
+            case .finished(let result): messages.append(resultMessage(result))
+            case .later(let attempt): later.append(attempt)
             }
         }
-        if let retryHeaders {
-            messages += retryMessages(later, headers: retryHeaders, of: job, record: record)
-        }
+        if !later.isEmpty { messages += retryMessages(later, of: job, record: record) }
         return messages
     }
 
     /// The one message of a one-token job's outcome (a direct delivery's): what
-    /// ``outcomeMessages(_:of:record:)`` gives for `[outcome]`, without the arrays.
+    /// ``outcomeMessages(_:of:record:)`` gives for `[outcome]`, without its arrays when the
+    /// notification is finished (the usual case).
     func outcomeMessage(_ outcome: TokenOutcome, of job: JobInFlight, record: KafkaRecord) -> KafkaOutgoingMessage {
         switch outcome {
         case .finished(let result): resultMessage(result)
         case .later(let attempt):
             // One token makes one message: its retry record, or its `failed` result.
-            retryMessages([attempt], headers: attempt.headers, of: job, record: record)[0]
+            retryMessages([attempt], of: job, record: record)[0]
         }
     }
 
@@ -410,16 +402,18 @@ public final class PushWorker: Service, Sendable {
     /// many records as it takes to keep each within the producer's `message.max.bytes` (a
     /// fan-out job's `retry-tokens` can run to megabytes). A token that fits no record (the job
     /// itself is near the limit) gets a `failed` result instead: refused as too large, its record
-    /// would be published again forever and hold its partition's offset back.
-    private func retryMessages(_ later: [LaterAttempt], headers retry: RetryHeaders, of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
+    /// would be published again forever and hold its partition's offset back. `later` is not
+    /// empty; the records carry the latest not-before of its tokens.
+    private func retryMessages(_ later: [LaterAttempt], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
+        guard let retry = later.max(by: { $0.headers.notBefore < $1.headers.notBefore })?.headers else { return [] }
         var headers = retry.applied(to: record.headers.filter {
             $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
         })
         headers.append(RecordHeader(RetryHeaders.jobIDKey, job.jobID))
-        func size(_ header: RecordHeader) -> Int { header.key.utf8.count + (header.value?.count ?? 0) + Self.headerOverheadBytes }
         let maximumBytes = configuration.fleet.kafka.producerMessageMaxBytes
+        // The list's own header counts here without its value, which is what the budget is for.
         let fixedBytes = Self.recordOverheadBytes + record.value.count + (record.key?.count ?? 0)
-            + headers.reduce(0) { $0 + size($1) } + size(RecordHeader(key: JobIntake.retryTokensKey, value: nil))
+            + headers.reduce(0) { $0 + $1.byteCount + Self.headerOverheadBytes } + JobIntake.retryTokensKey.utf8.count + Self.headerOverheadBytes
         let listBudget = maximumBytes - fixedBytes
         var messages: [KafkaOutgoingMessage] = []
         var list: [UInt8] = []

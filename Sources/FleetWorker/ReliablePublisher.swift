@@ -64,15 +64,14 @@ struct ReliablePublisher: Sendable {
             copy.value = Array(message.value.prefix(Self.shrunkValueBytes))
             changed = true
         }
-        func size(_ header: RecordHeader) -> Int { header.key.utf8.count + (header.value?.count ?? 0) }
-        var headerBytes = copy.headers.reduce(0) { $0 + size($1) }
+        var headerBytes = copy.headers.reduce(0) { $0 + $1.byteCount }
         // Only a DLQ copy's headers are trimmed: there the job's own come first and nothing
         // reads them again. A retry record's say which tokens and attempt it stands for.
         let isDeadLetter = message.headers.contains { $0.key == DeadLetterHeaders.reasonKey }
         if isDeadLetter, headerBytes > Self.shrunkHeaderBytes {
             var dropped = 0
             while headerBytes > Self.shrunkHeaderBytes, let first = copy.headers.first {
-                headerBytes -= size(first)
+                headerBytes -= first.byteCount
                 copy.headers.removeFirst()
                 dropped += 1
             }

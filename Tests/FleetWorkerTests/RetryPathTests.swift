@@ -252,7 +252,7 @@ extension RetryPathTests {
         #expect(outcome.retries.count >= 3, "\(outcome.retries.count) retry records")
         var named: [String] = []
         for record in outcome.retries {
-            let bytes = record.value.count + (record.key?.count ?? 0) + record.headers.reduce(0) { $0 + $1.key.utf8.count + ($1.value?.count ?? 0) }
+            let bytes = record.value.count + (record.key?.count ?? 0) + record.headers.reduce(0) { $0 + $1.byteCount }
             #expect(bytes <= limit, "a retry record of \(bytes) bytes")
             #expect(record.headers.text("job-id") == "wide")
             named += (record.headers.text("retry-tokens") ?? "").split(separator: ",").map(String.init)

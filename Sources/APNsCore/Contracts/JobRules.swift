@@ -30,21 +30,20 @@ public enum JobRules {
     public static let latestUnixSeconds: Int64 = 253_402_300_799
 
     public static func expiration(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
-        guard let value, value >= 0 else {
-            throw JobRejection(field: "expiration", "expiration is \(escaped(clip(literal))); it must be a non-negative integer (unix seconds, 0 for now-or-never)")
-        }
-        guard value <= latestUnixSeconds else {
-            throw JobRejection(field: "expiration", "expiration is \(value); it must be unix seconds, at most \(latestUnixSeconds) (the end of year 9999): is it in milliseconds?")
-        }
-        return value
+        try unixSeconds(value, literal: literal, field: "expiration", meaning: "unix seconds, 0 for now-or-never")
     }
 
     public static func deadline(_ value: Int64?, literal: String) throws(JobRejection) -> Int64 {
+        try unixSeconds(value, literal: literal, field: "deadline", meaning: "unix seconds")
+    }
+
+    /// A time field in unix seconds, up to `latestUnixSeconds`.
+    private static func unixSeconds(_ value: Int64?, literal: String, field: String, meaning: String) throws(JobRejection) -> Int64 {
         guard let value, value >= 0 else {
-            throw JobRejection(field: "deadline", "deadline is \(escaped(clip(literal))); it must be a non-negative integer (unix seconds)")
+            throw JobRejection(field: field, "\(field) is \(escaped(clip(literal))); it must be a non-negative integer (\(meaning))")
         }
         guard value <= latestUnixSeconds else {
-            throw JobRejection(field: "deadline", "deadline is \(value); it must be unix seconds, at most \(latestUnixSeconds) (the end of year 9999): is it in milliseconds?")
+            throw JobRejection(field: field, "\(field) is \(value); it must be unix seconds, at most \(latestUnixSeconds) (the end of year 9999): is it in milliseconds?")
         }
         return value
     }

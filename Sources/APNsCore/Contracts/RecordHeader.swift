@@ -13,6 +13,9 @@ public struct RecordHeader: Sendable, Hashable {
         self.value = Array(text.utf8)
     }
 
+    /// Bytes of the key and the value (what Kafka's size limits count, besides length fields).
+    public var byteCount: Int { key.utf8.count + (value?.count ?? 0) }
+
     /// The value as text, when it is valid UTF-8.
     public var text: String? {
         guard let value, UTF8Validation.isValid(value) else { return nil }

@@ -153,14 +153,16 @@ public struct JobIntake: Sendable {
         tokens jobTokens: [DeviceToken]? = nil
     ) -> IntakeDecision {
         let tokens = (jobTokens ?? job?.tokens).map { $0.map(\.hex) } ?? Self.bestEffortTokens(value: value, headers: headers)
+        // Built once: a fan-out job may have 100,000 tokens.
+        let reason = rejection.reason
         let results = (tokens.isEmpty ? [""] : tokens).map { token in
             NotificationResult(
                 jobID: jobID ?? source.derivedJobID, token: token, topic: job?.topic, app: job?.app,
-                outcome: .invalid, reason: rejection.reason, attempts: 0, latencyMs: 0,
+                outcome: .invalid, reason: reason, attempts: 0, latencyMs: 0,
                 sentAt: now, worker: workerID, meta: job?.meta, source: source
             )
         }
-        let deadLetter = DeadLetterHeaders(reason: rejection.reason, source: source)
+        let deadLetter = DeadLetterHeaders(reason: reason, source: source)
         return .rejected(RejectedJob(
             rejection: rejection, results: results, deadLetterValue: value,
             deadLetterHeaders: deadLetter.applied(to: headers)

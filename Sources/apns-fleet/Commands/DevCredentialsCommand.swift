@@ -52,7 +52,7 @@ struct DevCredentialsCommand: ParsableCommand {
         // APNs (and the worker's configuration, and send) take 10 letters or digits.
         try checkAppleIdentifiers(["--key-id": keyID, "--team-id": teamID])
         // It goes into the client certificate's topics extension and the simulator's topic list.
-        do { _ = try JobRules.topic(topic) } catch { throw ValidationError("--topic: \(error.message)") }
+        try check("--topic") { () throws(JobRejection) in _ = try JobRules.topic(topic) }
     }
 
     func run() throws {

@@ -64,13 +64,7 @@ struct FeedbackCommand: AsyncParsableCommand {
             "feedback.services": "\(services.map(\.app).joined(separator: ","))",
         ])
         await process.run([producer, admin, worker, consumer])
-        if consumer.recordsLeftUnfinished > 0 {
-            logger.warning("feedback worker stopped: events flushed, group left; the drain ran out of time, so the group redoes the unfinished records", metadata: ["kafka.unfinished": "\(consumer.recordsLeftUnfinished)"])
-        } else {
-            logger.info("feedback worker stopped: events flushed, offsets stored, group left")
-        }
-        // As in the worker: do not wait for librdkafka's handle teardown once everything is done.
-        Foundation.exit(0)
+        process.exitStopped("feedback worker stopped: events flushed", unfinished: consumer.recordsLeftUnfinished)
     }
 
     /// A feedback service per app that configures one.

@@ -118,9 +118,6 @@ struct SendCommand: AsyncParsableCommand {
         guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be more than 0 and at most 3600 seconds") }
         // The job contract's own rules: what goes into a header or :path must not carry CR, LF
         // or a slash into the request.
-        func check(_ flag: String, _ rule: () throws(JobRejection) -> Void) throws {
-            do { try rule() } catch { throw ValidationError("\(flag): \(error.message)") }
-        }
         try check("--token") { () throws(JobRejection) in _ = try DeviceToken(hex: token) }
         if let topic { try check("--topic") { () throws(JobRejection) in _ = try JobRules.topic(topic) } }
         if let collapseID { try check("--collapse-id") { () throws(JobRejection) in _ = try JobRules.collapseID(collapseID) } }

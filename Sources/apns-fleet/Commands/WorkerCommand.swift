@@ -83,15 +83,7 @@ struct WorkerCommand: AsyncParsableCommand {
         // Shutdown runs in reverse order: the consumer stops first (ending the worker's input),
         // the worker finishes in-flight work, then the APNs connections close and the producer flushes.
         await process.run([producer, clients, legacy, admin, worker, consumer])
-        if consumer.recordsLeftUnfinished > 0 {
-            logger.warning("worker stopped: results flushed, group left; the drain ran out of time, so the group redoes the unfinished records", metadata: ["kafka.unfinished": "\(consumer.recordsLeftUnfinished)"])
-        } else {
-            logger.info("worker stopped: results flushed, offsets stored, group left")
-        }
-        // Everything that matters is done. Exit now rather than wait for librdkafka's handles to
-        // be torn down: with both clients closed, rd_kafka_destroy has been seen to stall here
-        // (see the session notes), and a stopping pod must not hang.
-        Foundation.exit(0)
+        process.exitStopped("worker stopped: results flushed", unfinished: consumer.recordsLeftUnfinished)
     }
 }
 

@@ -9,6 +9,11 @@ func checkAppleIdentifiers(_ flags: KeyValuePairs<String, String?>) throws {
     }
 }
 
+/// Checks a flag's value with one of the job contract's rules; the error names the flag.
+func check(_ flag: String, _ rule: () throws(JobRejection) -> Void) throws {
+    do { try rule() } catch { throw ValidationError("\(flag): \(error.message)") }
+}
+
 /// Refuses a `--rate` (jobs per second) that is not a finite number of at least 0.01: NaN ran
 /// flat out, and a tiny rate made the pacing overflow.
 func checkRate(_ rate: Double?) throws {

@@ -96,6 +96,19 @@ struct FleetProcess {
         }
     }
 
+    /// The last line of a clean stop, then exit 0. `stopped` says what was flushed; `unfinished`
+    /// is how many records the drain gave up on (the group redoes them). Exits now rather than
+    /// wait for librdkafka's handles to be torn down: with both clients closed, rd_kafka_destroy
+    /// has been seen to stall here, and a stopping pod must not hang.
+    func exitStopped(_ stopped: String, unfinished: Int) -> Never {
+        if unfinished > 0 {
+            logger.warning("\(stopped), group left; the drain ran out of time, so the group redoes the unfinished records", metadata: ["kafka.unfinished": "\(unfinished)"])
+        } else {
+            logger.info("\(stopped), offsets stored, group left")
+        }
+        Foundation.exit(0)
+    }
+
     /// Ends the process on `error`: logged as `message`, written to standard error, with the
     /// error's exit status (2 for a setting to fix, 1 otherwise).
     static func exit(after error: any Error, _ message: String, logger: Logger) -> Never {
