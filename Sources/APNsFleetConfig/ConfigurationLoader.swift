@@ -89,9 +89,10 @@ public struct ConfigurationLoader: Sendable {
         var providers: [any ConfigProvider] = []
 
         var flagValues: [String: String] = [:]
-        for pair in overrides {
+        for (position, pair) in overrides.enumerated() {
             guard let equals = pair.firstIndex(of: "="), equals != pair.startIndex else {
-                throw ConfigurationError(key: nil, "--set expects key=value, got \"\(pair.prefix(60))\"")
+                // Not echoed: `--set kafka.sasl.password:hunter2` would print the password.
+                throw ConfigurationError(key: nil, "--set number \(position + 1) is not key=value (the argument is not shown, as it may hold a secret)")
             }
             let key = String(pair[..<equals])
             flagValues[Self.bareEnvironmentName(for: key)] = String(pair[pair.index(after: equals)...])

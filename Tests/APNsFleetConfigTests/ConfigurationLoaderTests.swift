@@ -355,6 +355,10 @@ struct ConfigurationLoaderTests {
         await #expect(throws: ConfigurationError(key: "admin.prot", "is not a configuration key (did you mean admin.port?); see docs/configuration.md (in --set)")) {
             try await ConfigurationLoader(overrides: ["admin.prot=9000"]).load()
         }
+        // A --set without '=' (a YAML habit) is refused without echoing what may be a password.
+        await #expect(throws: ConfigurationError(key: nil, "--set number 2 is not key=value (the argument is not shown, as it may hold a secret)")) {
+            try await ConfigurationLoader(overrides: ["admin.port=9000", "kafka.sasl.password:hunter2"]).load()
+        }
         // A password that YAML reads as a mapping: the message names the key, not the value.
         let braces = try temporaryFile("fleet.yaml", "kafka:\n  sasl:\n    password: {S3cr3t: x}\n")
         await #expect(throws: ConfigurationError(key: "kafka.sasl.password", "must be a single value, not a mapping (in \(braces))")) {
