@@ -3,6 +3,7 @@ import APNsFleetConfig
 import APNsLegacyClient
 import APNsSimulator
 import FleetWorker
+import KafkaTransport
 import ArgumentParser
 import Foundation
 
@@ -71,6 +72,8 @@ func exitStatus(of error: any Error) -> Int32? {
     case is UsageError, is ConfigurationError, is SimulatorConfigurationError, is AdminServerError: 2
     case let error as APNsClientError where error.code == .credentials || error.code == .configuration: 2
     case let error as LegacyClientError where error.code == .credentials || error.code == .configuration: 2
+    // A librdkafka property refused (from kafka.properties, say): the configuration, not the work.
+    case let error as KafkaError where error.code == .configuration: 2
     case is CommandFailure: 1
     default: nil
     }

@@ -139,4 +139,17 @@ struct PublishCommandInputTests {
             #expect(command.lines.value.contains { $0.contains(expected) && $0.contains("nothing was published") }, "\(name): \(command.lines.value)")
         }
     }
+
+    @Test("a librdkafka property it refuses is a configuration error: exit 2, naming the property")
+    func refusedKafkaProperty() async throws {
+        let command = ChildProcess("/bin/sh", [
+            "-c", #"echo '{"token":"'"$1"'","payload":{}}' | exec "$0" publish --brokers 127.0.0.1:1 --set "kafka.properties=linger.ms=soon" --file - 2>&1"#,
+            try apnsFleetBinary(), String(repeating: "ab", count: 32),
+        ])
+        try command.start()
+        command.closeInput()
+        let status = try await command.waitForExit(timeout: 30)
+        #expect(status == 2, "\(command.lines.value)")
+        #expect(command.lines.value.contains { $0.contains("linger.ms") }, "\(command.lines.value)")
+    }
 }
