@@ -1,5 +1,8 @@
+import APNsSimulator
 import FleetTestSupport
 import Foundation
+import NIOCore
+import NIOPosix
 import Testing
 
 /// `apns-fleet validate-job` as a producer runs it: the built binary, its output and exit status.
@@ -110,6 +113,28 @@ struct SendCommandInputTests {
             #expect(status != 0)
             #expect(command.lines.value.contains { $0.contains(expected) }, "\(command.lines.value)")
         }
+    }
+}
+
+extension SendCommandInputTests {
+    @Test("a server that never answers the TLS handshake: send says so within --timeout, exit 1")
+    func noConnectionWithinTimeout() async throws {
+        let directory = NSTemporaryDirectory() + "apns-fleet-send-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let summary = try DevCredentials.generate(topic: "com.example.app").write(to: directory)
+        // Accepts TCP, reads and drops every byte: the handshake neither completes nor fails.
+        let silent = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: 0).get()
+        defer { silent.close(promise: nil) }
+        let port = try #require(silent.localAddress?.port)
+        let command = ChildProcess("/bin/sh", ["-c", #"cd "$1" && shift && exec "$0" send "$@" 2>&1"#, try apnsFleetBinary(), directory,
+            "--host", "127.0.0.1", "--port", "\(port)", "--ca-file", summary.caFile, "--key-file", summary.signingKeyFile,
+            "--key-id", summary.keyID, "--team-id", summary.teamID, "--topic", summary.topic,
+            "--token", String(repeating: "ab", count: 32), "--payload", "{}", "--timeout", "0.5"])
+        try command.start()
+        command.closeInput()
+        let status = try await command.waitForExit(timeout: 30)
+        #expect(status == 1, "\(command.lines.value)")
+        #expect(command.lines.value.contains("no connection to 127.0.0.1:\(port) within 0.5 s (--timeout); nothing was sent"), "\(command.lines.value)")
     }
 }
 

@@ -200,6 +200,10 @@ struct SendCommand: AsyncParsableCommand {
                 text += "\n(a simulator's certificate? pass --ca-file with the CA that signed it, such as ./dev/ca.pem from dev-credentials)"
             }
             FileHandle.standardError.write(Data("\(text)\n".utf8))
+        } else if summary.samples.isEmpty {
+            // The wait ended before the connection attempt failed (packets silently dropped, say).
+            let endpoint = configuration.endpoint
+            FileHandle.standardError.write(Data("no connection to \(endpoint.host):\(endpoint.port) within \(self.timeout) s (--timeout); nothing was sent\n".utf8))
         }
         if summary.samples.isEmpty || summary.samples.contains(where: { $0.status != 200 }) { throw ExitCode(1) }
     }
