@@ -148,15 +148,16 @@ final class RetryWaits: Sendable {
     private let state = Mutex(State())
 
     /// Waits `milliseconds` unless woken earlier by ``handBack(_:)`` or cancellation.
-    /// `revoking` is asked once the wait is registered: a revocation whose ``handBack(_:)`` ran
-    /// before that would otherwise leave this wait to hold up its drain.
-    func wait(partition: TopicPartition, milliseconds: Int64, revoking: () -> Bool) async -> Wake {
+    /// `moved` is asked once the wait is registered, for a wake the partition's owner already
+    /// decided: a revocation whose ``handBack(_:)`` ran before that would otherwise leave this
+    /// wait to hold up its drain, and a partition lost meanwhile would stay paused for it.
+    func wait(partition: TopicPartition, milliseconds: Int64, moved: () -> Wake?) async -> Wake {
         let id = state.withLock { state -> UInt64 in
             state.nextID &+= 1
             state.entries[state.nextID] = Entry(partition: partition)
             return state.nextID
         }
-        if revoking() { wake(id, .handBack) }
+        if let early = moved() { wake(id, early) }
         return await withTaskGroup(of: Void.self, returning: Wake.self) { group in
             group.addTask {
                 do {

@@ -248,7 +248,11 @@ public final class PushWorker: Service, Sendable {
         guard consumer.isCurrent(record) else { return }
         let partition = record.topicPartition
         pauses.startWaiting(partition)
-        let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds) { consumer.isRevoking(partition) }
+        let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds) {
+            if consumer.isRevoking(partition) { return .handBack }
+            // Lost (or its revocation drain ended) just before the wait began.
+            return consumer.isCurrent(record) ? nil : .dropped
+        }
         pauses.stopWaiting(partition)
         switch wake {
         case .due:
@@ -256,7 +260,8 @@ public final class PushWorker: Service, Sendable {
             guard consumer.isCurrent(record) else { return }
             let weight = Self.weight(of: record)
             await limiter.acquire(weight)
-            await process(record)
+            // Waiting for slots can take long under back-pressure; the partition may be gone.
+            if consumer.isCurrent(record) { await process(record) }
             limiter.release(weight)
         case .handBack:
             // Unchanged, headers included: whoever consumes the copy waits out the rest of the

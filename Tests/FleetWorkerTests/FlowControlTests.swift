@@ -92,12 +92,12 @@ struct FlowControlTests {
         let waits = RetryWaits()
         let clock = ContinuousClock()
         let started = clock.now
-        #expect(await waits.wait(partition: .init(topic: "r", partition: 0), milliseconds: 50) { false } == .due)
+        #expect(await waits.wait(partition: .init(topic: "r", partition: 0), milliseconds: 50) { nil } == .due)
         #expect(clock.now - started >= .milliseconds(50))
 
         let early = clock.now
-        async let woken = waits.wait(partition: .init(topic: "r", partition: 1), milliseconds: 60_000) { false }
-        async let other = waits.wait(partition: .init(topic: "r", partition: 2), milliseconds: 100) { false }
+        async let woken = waits.wait(partition: .init(topic: "r", partition: 1), milliseconds: 60_000) { nil }
+        async let other = waits.wait(partition: .init(topic: "r", partition: 2), milliseconds: 100) { nil }
         while waits.count < 2 { try? await Task.sleep(for: .milliseconds(5)) }
         waits.handBack([.init(topic: "r", partition: 1)])
         #expect(await woken == .handBack)
@@ -108,8 +108,14 @@ struct FlowControlTests {
         // A wait that begins after its partition's hand-back (the record was still in a batch
         // then) is handed back at once, not left to hold up the revocation's drain for a minute.
         let late = clock.now
-        #expect(await waits.wait(partition: .init(topic: "r", partition: 1), milliseconds: 60_000) { true } == .handBack)
+        #expect(await waits.wait(partition: .init(topic: "r", partition: 1), milliseconds: 60_000) { .handBack } == .handBack)
         #expect(clock.now - late < .seconds(10))
+        #expect(waits.count == 0)
+
+        // A partition lost just before the wait began: dropped at once, not paused for a minute.
+        let lost = clock.now
+        #expect(await waits.wait(partition: .init(topic: "r", partition: 3), milliseconds: 60_000) { .dropped } == .dropped)
+        #expect(clock.now - lost < .seconds(10))
         #expect(waits.count == 0)
     }
 
