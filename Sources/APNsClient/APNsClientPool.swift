@@ -218,7 +218,8 @@ public final class APNsClientPool: Service, Sendable {
         if state.assignment.shuttingDown { return .shutdown }
         if let id = state.assignment.acquire() {
             if let connection = state.connections[id] { return .connection(connection) }
-            _ = state.assignment.update(connection: id) { $0.close(tokenAccepted: false) }
+            // Its connection is gone: the stream goes back, but serves no one.
+            state.assignment.restrict(connection: id) { $0.close(tokenAccepted: false) }
         }
         if state.connectFailures > 0, !state.assignment.entries.contains(where: { $0.budget.isUsable }) {
             return .connectionFailed(state.lastConnectError?.message ?? "cannot connect to APNs")
@@ -341,6 +342,9 @@ public final class APNsClientPool: Service, Sendable {
         for connection in connections { try? await connection.closedFuture.get() }
     }
 
+    /// How long a connection that answered 200 must have lasted for its slot's backoff to reset.
+    static let provenLifetime: Duration = .seconds(2)
+
     /// One connection slot: connect, serve until unusable, back off, reconnect.
     private func runSlot(_ slot: Int) async {
         var backoff = ReconnectBackoff(base: configuration.reconnectBackoff.base, maximum: configuration.reconnectBackoff.maximum)
@@ -359,10 +363,13 @@ public final class APNsClientPool: Service, Sendable {
                 let readyAt = ContinuousClock.now
                 if isShuttingDown { connection.drain(until: .now()) }
                 try? await connection.unusableFuture.get()
-                // A 200 proves the connection; so does serving longer than the longest backoff
-                // (an app whose answers are all 410s, or one APNs closed for being idle), which
-                // otherwise left every replacement waiting the maximum.
-                if connection.hadSuccessSnapshot || ContinuousClock.now - readyAt >= backoff.maximum { backoff.reset() }
+                // A 200 on a connection that then lasted a while proves it; so does serving
+                // longer than the longest backoff (an app whose answers are all 410s, or one APNs
+                // closed for being idle), which otherwise left every replacement waiting the
+                // maximum. A server closing each connection right after its first answer still
+                // sees the backoff grow: APNs takes rapid reconnects for an attack.
+                let lived = ContinuousClock.now - readyAt
+                if (connection.hadSuccessSnapshot && lived >= Self.provenLifetime) || lived >= backoff.maximum { backoff.reset() }
             } catch {
                 metrics.connectionEvent("connect_failed")
                 let failure = error as? APNsClientError ?? APNsClientError(.connect, "\(error)")
@@ -483,7 +490,7 @@ extension APNsClientPool: APNsConnectionEvents {
 
     func connectionBecameUnusable(_ connection: APNsConnection) {
         state.withLock { state in
-            _ = state.assignment.update(connection: connection.id) { $0.goAwayReceived() }
+            state.assignment.restrict(connection: connection.id) { $0.goAwayReceived() }
             publishGauges(state)
         }
     }

@@ -236,6 +236,9 @@ final class APNsConnection: @unchecked Sendable {
                 }
             }
         let timeout = eventLoop.scheduleTask(in: TimeAmount(configuration.connectTimeout)) { [self] in
+            // SETTINGS may have come just before, with this task not cancelled yet: the
+            // connection is in use by then and must stay open.
+            guard !ready else { return }
             readyPromise.fail(APNsClientError(.connect, "no HTTP/2 SETTINGS from \(endpoint.host):\(endpoint.port) within \(configuration.connectTimeout)"))
             self.channel?.close(promise: nil)
         }

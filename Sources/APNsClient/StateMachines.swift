@@ -281,10 +281,16 @@ public struct PoolAssignment<Waiter> {
 
     /// Changes a connection's budget and returns the waiters that can now be served.
     public mutating func update(connection id: UInt64, _ change: (inout StreamBudget) -> Void) -> [(connection: UInt64, waiter: Waiter)] {
+        restrict(connection: id, change)
+        return serveWaiters()
+    }
+
+    /// Changes a connection's budget without serving waiters: for changes that give no other
+    /// request a usable stream (a GOAWAY, a stream given back by a connection already gone).
+    public mutating func restrict(connection id: UInt64, _ change: (inout StreamBudget) -> Void) {
         if let index = entries.firstIndex(where: { $0.id == id }) {
             change(&entries[index].budget)
         }
-        return serveWaiters()
     }
 
     /// Removes a closed connection; its in-flight requests are settled by the connection itself.
