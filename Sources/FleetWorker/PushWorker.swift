@@ -101,6 +101,12 @@ public final class PushWorker: Service, Sendable {
     /// Retry records waiting for their `not-before`.
     public var waitingRetries: Int { retryWaits.count }
 
+    /// Why the worker is stuck publishing, when a publish has kept failing for `limit`: for
+    /// readiness.
+    public func publishingProblem(longerThan limit: Duration = PublishStalls.readinessLimit) -> String? {
+        publisher.stalls.problem(longerThan: limit)
+    }
+
     /// Partitions are being revoked (or the consumer is closing): retry records of theirs still
     /// waiting for `not-before` are handed back to the retry topic now instead of holding up the
     /// drain. Pass ``RevocationForwarder/handler`` as the consumer's `onRevoke` to get this.

@@ -11,6 +11,9 @@ struct ReliablePublisher: Sendable {
     let logger: Logger
     /// A Kafka outage fails every message: one warning each would flood the log.
     let retryLogs = LogThrottle()
+    /// Publishes still retrying, for readiness: a topic that keeps refusing (missing, or denied
+    /// by an ACL) holds its records' slots and partitions' offsets until it is fixed.
+    let stalls = PublishStalls()
 
     init(producer: KafkaProducer, logger: Logger) {
         self.producer = producer
@@ -22,8 +25,14 @@ struct ReliablePublisher: Sendable {
     func publish(_ messages: [KafkaOutgoingMessage]) async -> Bool {
         var pending = messages
         var delayMilliseconds = 100
+        var stall: UInt64?
+        defer { if let stall { stalls.end(stall) } }
         while !pending.isEmpty {
-            pending = await sendAll(pending).map { message, error in
+            let failed = await sendAll(pending)
+            if stall == nil, let (message, error) = failed.first {
+                stall = stalls.begin(topic: message.topic, error: error)
+            }
+            pending = failed.map { message, error in
                 guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return message }
                 // Too large is permanent: retried as it is, it would hold its record, and so its
                 // partition's offset, forever. Only a DLQ copy of a huge job is that large (in
@@ -112,6 +121,46 @@ struct ReliablePublisher: Sendable {
         }
         return failed.map { (messages[$0.index], $0.error) }
     }
+}
+
+/// The publishes that keep failing, oldest first: while one has failed for long, the worker is
+/// not ready, so an orchestrator sees a stall that otherwise only throttled warnings show.
+public final class PublishStalls: Sendable {
+    private struct Stall {
+        var since: ContinuousClock.Instant
+        var topic: String
+        var error: KafkaError
+    }
+
+    private struct State {
+        var nextID: UInt64 = 0
+        var open: [UInt64: Stall] = [:]
+    }
+
+    private let state = Mutex(State())
+
+    fileprivate func begin(topic: String, error: KafkaError) -> UInt64 {
+        state.withLock { state in
+            state.nextID &+= 1
+            state.open[state.nextID] = Stall(since: .now, topic: topic, error: error)
+            return state.nextID
+        }
+    }
+
+    fileprivate func end(_ id: UInt64) {
+        _ = state.withLock { $0.open.removeValue(forKey: id) }
+    }
+
+    /// What is wrong when some publish has kept failing for `limit` or longer; nil otherwise.
+    func problem(longerThan limit: Duration, now: ContinuousClock.Instant = .now) -> String? {
+        let oldest = state.withLock { $0.open.values.min { $0.since < $1.since } }
+        guard let oldest, now - oldest.since >= limit else { return nil }
+        let seconds = (now - oldest.since).components.seconds
+        return "publishing to \(oldest.topic) has failed for \(seconds) s (\(oldest.error))"
+    }
+
+    /// How long a publish may keep failing before the worker reports itself not ready.
+    public static let readinessLimit: Duration = .seconds(60)
 }
 
 /// Counts a group's delivery reports down (they arrive on librdkafka's thread) and resumes the

@@ -58,4 +58,36 @@ struct ReliablePublisherTests {
         #expect(second.headers.text(ReliablePublisher.headersDroppedHeader) == "2")
         await producer.shutdown(flushTimeout: .seconds(2))
     }
+
+    @Test("a publish that keeps failing (a topic denied by an ACL) is reported, naming the topic and error, until it ends")
+    func keptFailingIsReported() async throws {
+        var logger = Logger(label: "publisher-test")
+        logger.logLevel = .critical
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        try cluster.createTopic("results", partitions: 1)
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        let publisher = ReliablePublisher(producer: producer, logger: logger)
+        #expect(publisher.stalls.problem(longerThan: .zero) == nil)
+
+        let denied = try #require(KafkaErrorCodes.code(named: "TOPIC_AUTHORIZATION_FAILED"))
+        cluster.pushRequestErrors(api: .produce, errors: Array(repeating: denied, count: 50))
+        let publishing = Task { await publisher.publish([KafkaOutgoingMessage(topic: "results", value: Array("{}".utf8))]) }
+        try await waitUntil("the failing publish to be reported", timeout: 20) {
+            publisher.stalls.problem(longerThan: .milliseconds(300)) != nil
+        }
+        let problem = try #require(publisher.stalls.problem(longerThan: .milliseconds(300)))
+        #expect(problem.hasPrefix("publishing to results has failed for "), "\(problem)")
+        #expect(problem.contains("TOPIC_AUTHORIZATION_FAILED"), "\(problem)")
+        // Not yet a problem at the readiness limit.
+        #expect(publisher.stalls.problem(longerThan: PublishStalls.readinessLimit) == nil)
+
+        // Given up (the worker stopping): no longer reported.
+        publishing.cancel()
+        #expect(await publishing.value == false)
+        #expect(publisher.stalls.problem(longerThan: .zero) == nil)
+        cluster.clearRequestErrors(api: .produce)
+        await producer.shutdown(flushTimeout: .seconds(2))
+    }
 }
