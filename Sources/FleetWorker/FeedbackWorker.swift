@@ -216,14 +216,19 @@ public final class FeedbackWorker: Service, Sendable {
                     unpublished += events.count
                 }
             }
+            lastPolls.withLock { $0[service.app] = true }
+            Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "ok")]).increment()
         } catch {
             lastPolls.withLock { $0[service.app] = false }
             Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "error")]).increment()
-            logger.warning("feedback service poll failed; will try again next interval", metadata: ["app": "\(service.app)", "error": "\(error)"])
-            return published
+            if Task.isCancelled {
+                // A forced stop: there is no next interval; what was read is reported below.
+                logger.notice("feedback service poll cut short: the worker is stopping", metadata: ["app": "\(service.app)"])
+            } else {
+                logger.warning("feedback service poll failed; will try again next interval", metadata: ["app": "\(service.app)", "error": "\(error)"])
+            }
         }
-        lastPolls.withLock { $0[service.app] = true }
-        Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "ok")]).increment()
+        // Also after a failed poll: tuples read before it failed were published, or lost.
         if unusable.count > 0 {
             logger.warning("feedback tuples carry no valid device token; skipped", metadata: [
                 "app": "\(service.app)", "feedback.skipped": "\(unusable.count)", "token.bytes": "\(unusable.tokenBytes.sorted())",

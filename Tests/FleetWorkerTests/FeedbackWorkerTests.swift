@@ -161,6 +161,49 @@ struct FeedbackWorkerTests {
         await producer.shutdown(flushTimeout: .seconds(1))
     }
 
+    @Test("a forced stop while Kafka refuses the events: the lost count is logged as an error, with no promise of a next poll")
+    func forcedStopReportsLostEvents() async throws {
+        var quiet = Logger(label: "feedback-test")
+        quiet.logLevel = .critical
+        let cluster = try MockKafkaCluster(brokers: 1, logger: quiet)
+        let topics = TopicNames()
+        try cluster.createTopic(topics.results, partitions: 1)
+        try cluster.createTopic(topics.tokenEvents, partitions: 1)
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+        let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(client: client, groupID: "feedback", topics: [topics.results]), logger: quiet)
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: quiet)
+        // Every event is refused (an ACL, say), so the poll's events wait in the publisher.
+        let denied = try #require(KafkaErrorCodes.code(named: "TOPIC_AUTHORIZATION_FAILED"))
+        cluster.pushRequestErrors(api: .produce, errors: Array(repeating: denied, count: 1000))
+        let delivering = Shared(false)
+        // As the legacy client does: tuples handed over, then the cancelled read throws.
+        let service = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _, deliver in
+            delivering.update { $0 = true }
+            await deliver([FeedbackTuple(timestamp: 1_767_000_000, token: Array(repeating: 0xF1, count: 32))])
+            throw CancellationError()
+        }
+        let logs = Collected<CapturedLog>()
+        let worker = FeedbackWorker(
+            configuration: .init(topics: topics, pollInterval: .seconds(3600), pollTimeout: .seconds(60), ledgerCapacity: 100),
+            consumer: consumer, producer: producer, feedbackServices: [service],
+            logger: Logger(label: "feedback-worker") { _ in CapturingLogHandler(sink: logs) }
+        )
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await consumer.run() }
+            group.addTask { try await worker.run() }
+            try await waitUntil("the poll's events to be published", timeout: 30) { delivering.value }
+            try await Task.sleep(for: .milliseconds(300))
+            group.cancelAll()
+            try? await group.waitForAll()
+        }
+        let lines = logs.items
+        #expect(lines.contains { $0.level == .error && $0.message == "stopped before the feedback service's events were published" && $0.metadata["events"] == "1" }, "\(lines.map(\.text))")
+        #expect(!lines.contains { $0.message.contains("will try again") }, "\(lines.map(\.text))")
+        cluster.clearRequestErrors(api: .produce)
+        await producer.shutdown(flushTimeout: .seconds(1))
+    }
+
     @Test("end to end: jobs to unregistered tokens → 410 results → one token event per dead token")
     func jobsToTokenEvents() async throws {
         var logger = Logger(label: "feedback-e2e-test")
