@@ -82,7 +82,26 @@ public enum APNsAuthentication: Sendable {
         }
     }
 
+    /// The most a key, certificate or bundle file may hold: real ones are a few kilobytes, and a
+    /// path mistyped to a large file (or `/dev/zero`) must not be read whole.
+    static let largestCredentialFile = 1 << 20
+
+    /// Refuses what cannot be a credential file before anything reads it: a device, a FIFO or a
+    /// directory, or a file above `largestCredentialFile`. A missing file passes, for the
+    /// reader's own "cannot read".
+    static func checkCredentialFile(_ path: String, _ what: String) throws(APNsClientError) {
+        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path) else { return }
+        guard attributes[.type] as? FileAttributeType == .typeRegular else {
+            throw APNsClientError(.credentials, "the \(what) \(path) is not a regular file")
+        }
+        let size = (attributes[.size] as? NSNumber)?.intValue ?? 0
+        guard size <= largestCredentialFile else {
+            throw APNsClientError(.credentials, "the \(what) \(path) is \(size) bytes; such files hold a few kilobytes (at most \(largestCredentialFile / 1024) KiB)")
+        }
+    }
+
     public static func loadToken(keyFile: String, keyID: String, teamID: String) throws(APNsClientError) -> APNsAuthentication {
+        try checkCredentialFile(keyFile, "provider token key file")
         guard let data = FileManager.default.contents(atPath: keyFile) else {
             throw APNsClientError(.credentials, "cannot read the provider token key file \(keyFile)")
         }
@@ -94,6 +113,8 @@ public enum APNsAuthentication: Sendable {
     }
 
     public static func loadPEM(certificateFile: String, privateKeyFile: String, password: String?) throws(APNsClientError) -> APNsAuthentication {
+        try checkCredentialFile(certificateFile, "certificate file")
+        try checkCredentialFile(privateKeyFile, "private key file")
         let chain: [NIOSSLCertificate]
         do {
             chain = try NIOSSLCertificate.fromPEMFile(certificateFile)
@@ -116,6 +137,7 @@ public enum APNsAuthentication: Sendable {
     }
 
     public static func loadPKCS12(file: String, password: String?) throws(APNsClientError) -> APNsAuthentication {
+        try checkCredentialFile(file, "PKCS#12 bundle")
         do {
             let bundle = try NIOSSLPKCS12Bundle(file: file, passphrase: Array((password ?? "").utf8))
             return .certificate(chain: bundle.certificateChain, privateKey: bundle.privateKey)

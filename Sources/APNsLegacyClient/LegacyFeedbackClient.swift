@@ -33,6 +33,13 @@ public struct LegacyFeedbackClient: Sendable {
         self.eventLoopGroup = eventLoopGroup
     }
 
+    /// Loads the certificate, key and CA as a poll would, without connecting: a wrong password or
+    /// an unreadable file is found at start, not at the first poll an hour later. Each poll loads
+    /// them again, so renewed files are picked up.
+    public func checkCredentials() throws(LegacyClientError) {
+        _ = try LegacyTLS.context(endpoint: endpoint, certificate: certificate)
+    }
+
     /// Connects (TLS with the client certificate, or plain TCP when the endpoint says so), reads
     /// every tuple until the server closes the connection, and returns them in order.
     ///

@@ -55,6 +55,19 @@ struct ResponseAndConfigurationTests {
             #expect(!error.description.contains("Tk9UQUtFWQ"), "key material never appears in errors")
         }
         #expect(throws: APNsClientError.self) { try APNsAuthentication.loadPEM(certificateFile: missing, privateKeyFile: missing, password: nil) }
+
+        // A path mistyped to a device or a large file is refused before it is read.
+        #expect(throws: APNsClientError(.credentials, "the provider token key file /dev/zero is not a regular file")) {
+            try APNsAuthentication.loadToken(keyFile: "/dev/zero", keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
+        }
+        let large = directory + "/backup.tar"
+        #expect(FileManager.default.createFile(atPath: large, contents: Data(count: 3 << 20)))
+        #expect(throws: APNsClientError(.credentials, "the PKCS#12 bundle \(large) is 3145728 bytes; such files hold a few kilobytes (at most 1024 KiB)")) {
+            try APNsAuthentication.loadPKCS12(file: large, password: nil)
+        }
+        #expect(throws: APNsClientError(.credentials, "the private key file \(directory) is not a regular file")) {
+            try APNsAuthentication.loadPEM(certificateFile: bad, privateKeyFile: directory, password: nil)
+        }
     }
 
     @Test("Invalid settings are refused; an app's other environment maps to the other endpoint")

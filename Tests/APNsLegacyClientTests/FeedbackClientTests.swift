@@ -129,6 +129,11 @@ struct FeedbackClientTests {
         let unreadable = await #expect(throws: LegacyClientError.self) { try await missing.fetch(timeout: .seconds(5)) }
         #expect(unreadable?.code == .credentials)
         #expect(unreadable?.message.contains("nope.pem") == true)
+        // The same, found without connecting: what the feedback worker checks at start.
+        let atStart = #expect(throws: LegacyClientError.self) { try missing.checkCredentials() }
+        #expect(atStart?.code == .credentials)
+        #expect(atStart?.message.contains("nope.pem") == true)
+        try LegacyFeedbackClient(endpoint: credentials.endpoint(port: tlsPort, tls: true), certificate: credentials.certificate, logger: Fixture.logger).checkCredentials()
 
         await services.stop()
         let gone = LegacyFeedbackClient(endpoint: credentials.endpoint(port: plainPort, tls: false), certificate: nil, logger: Fixture.logger)

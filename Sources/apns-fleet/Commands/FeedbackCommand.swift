@@ -82,6 +82,7 @@ struct FeedbackCommand: AsyncParsableCommand {
                 throw ConfigurationError(key: "app.\(app.name).topic", "is required to key the feedback service's token events")
             }
             let client = LegacyFeedbackClient(endpoint: endpoint, certificate: certificate, logger: logger)
+            try client.checkCredentials()
             return FeedbackWorker.FeedbackService(app: app.name, topic: topic) { timeout, deliver in
                 try await client.fetch(timeout: timeout, deliver: deliver)
             }
