@@ -712,7 +712,10 @@ final class APNsConnection: @unchecked Sendable {
         becomeUnusable()
         let lost = streams.removeAll()
         for (stream, inFlight) in lost {
-            let certain = goAwayLastStreamID.map { stream > $0 } ?? false
+            // Certain when above a GOAWAY's last stream, or when its HEADERS never left nghttp2's
+            // queue (the peer stopped reading, or its stream limit fell): another connection
+            // may then send it again.
+            let certain = (goAwayLastStreamID.map { stream > $0 } ?? false) || !(session?.hasSentHeaders(on: stream) ?? true)
             finish(inFlight.request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
         }
         // Breaks the connection <-> session cycle.
@@ -757,9 +760,10 @@ final class APNsConnection: @unchecked Sendable {
             }
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
+                let unsent = !session.hasSentHeaders(on: stream)
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
-                finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: false)))
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: unsent)))
             }
             // Handed to the session in time, but its HEADERS still queued there (the peer not
             // reading, or its stream limit lowered): cancelled before they go out late.
@@ -772,8 +776,9 @@ final class APNsConnection: @unchecked Sendable {
         }
         if let drainDeadline, now >= drainDeadline, !streams.isEmpty {
             for (stream, inFlight) in streams.removeAll() {
+                let unsent = !session.hasSentHeaders(on: stream)
                 try? session.submitResetStream(stream, errorCode: .cancel)
-                finish(inFlight.request, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: false)))
+                finish(inFlight.request, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: unsent)))
             }
             wrote = true
         }
