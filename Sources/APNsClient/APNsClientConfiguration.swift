@@ -1,6 +1,11 @@
 import APNsCore
 import Foundation
 import NIOCore
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 import NIOSSL
 
 /// A failure of the client itself (not an APNs answer): configuration, credentials, connecting.
@@ -90,11 +95,14 @@ public enum APNsAuthentication: Sendable {
     /// directory, or a file above `largestCredentialFile`. A missing file passes, for the
     /// reader's own "cannot read".
     static func checkCredentialFile(_ path: String, _ what: String) throws(APNsClientError) {
-        guard let attributes = try? FileManager.default.attributesOfItem(atPath: path) else { return }
-        guard attributes[.type] as? FileAttributeType == .typeRegular else {
+        // stat(2), which follows symbolic links: a Kubernetes secret volume mounts each key as a
+        // link to the real file.
+        var info = stat()
+        guard stat(path, &info) == 0 else { return }
+        guard info.st_mode & S_IFMT == S_IFREG else {
             throw APNsClientError(.credentials, "the \(what) \(path) is not a regular file")
         }
-        let size = (attributes[.size] as? NSNumber)?.intValue ?? 0
+        let size = Int(info.st_size)
         guard size <= largestCredentialFile else {
             throw APNsClientError(.credentials, "the \(what) \(path) is \(size) bytes; such files hold a few kilobytes (at most \(largestCredentialFile / 1024) KiB)")
         }

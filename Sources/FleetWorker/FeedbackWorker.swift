@@ -79,11 +79,8 @@ public final class FeedbackWorker: Service, Sendable {
         self.ledger = Mutex(InvalidationLedger(capacity: configuration.ledgerCapacity))
     }
 
-    /// Why the worker is stuck publishing, when a publish has kept failing for `limit`: for
-    /// readiness.
-    public func publishingProblem(longerThan limit: Duration = PublishStalls.readinessLimit) -> String? {
-        publisher.stalls.problem(longerThan: limit)
-    }
+    /// Publishes to Kafka that keep failing, for readiness.
+    public var publishStalls: PublishStalls { publisher.stalls }
 
     /// Whether the last poll of each feedback service succeeded (app → success), for readiness.
     public var feedbackServiceHealth: [String: Bool] { lastPolls.withLock { $0 } }

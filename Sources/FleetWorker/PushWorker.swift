@@ -101,11 +101,8 @@ public final class PushWorker: Service, Sendable {
     /// Retry records waiting for their `not-before`.
     public var waitingRetries: Int { retryWaits.count }
 
-    /// Why the worker is stuck publishing, when a publish has kept failing for `limit`: for
-    /// readiness.
-    public func publishingProblem(longerThan limit: Duration = PublishStalls.readinessLimit) -> String? {
-        publisher.stalls.problem(longerThan: limit)
-    }
+    /// Publishes to Kafka that keep failing, for readiness.
+    public var publishStalls: PublishStalls { publisher.stalls }
 
     /// Partitions are being revoked (or the consumer is closing): retry records of theirs still
     /// waiting for `not-before` are handed back to the retry topic now instead of holding up the
@@ -266,22 +263,35 @@ public final class PushWorker: Service, Sendable {
             guard consumer.isCurrent(record) else { return }
             let weight = Self.weight(of: record)
             await limiter.acquire(weight)
-            // Waiting for slots can take long under back-pressure; the partition may be gone.
-            if consumer.isCurrent(record) { await process(record) }
-            limiter.release(weight)
+            // Waiting for slots can take long under back-pressure; the partition may be gone,
+            // or going, and a revocation's drain must not wait for work that had not started.
+            if !consumer.isCurrent(record) {
+                limiter.release(weight)
+            } else if consumer.isRevoking(partition) {
+                limiter.release(weight)
+                await handBack(record)
+            } else {
+                await process(record)
+                limiter.release(weight)
+            }
         case .handBack:
-            // Unchanged, headers included: whoever consumes the copy waits out the rest of the
-            // delay. The original is finished only once the copy is acknowledged.
-            logger.debug("retry record handed back to the retry topic", metadata: [
-                "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
-            ])
-            let copy = KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: record.headers)
-            guard await publish([copy]) else { return }
-            consumer.markFinished(record)
+            await handBack(record)
         case .dropped:
             // Left unfinished: the record is redelivered to whoever owns the partition next.
             return
         }
+    }
+
+    /// Publishes a waiting retry record again, unchanged, headers included: whoever consumes the
+    /// copy waits out the rest of the delay. The original is finished only once the copy is
+    /// acknowledged.
+    private func handBack(_ record: KafkaRecord) async {
+        logger.debug("retry record handed back to the retry topic", metadata: [
+            "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
+        ])
+        let copy = KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: record.headers)
+        guard await publish([copy]) else { return }
+        consumer.markFinished(record)
     }
 
     // MARK: - One record

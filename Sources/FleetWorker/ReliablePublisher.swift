@@ -25,12 +25,15 @@ struct ReliablePublisher: Sendable {
     func publish(_ messages: [KafkaOutgoingMessage]) async -> Bool {
         var pending = messages
         var delayMilliseconds = 100
+        // A stall counts from the publish's start: with brokers unreachable, the first delivery
+        // report fails only after message.timeout.ms.
+        let started = ContinuousClock.now
         var stall: UInt64?
         defer { if let stall { stalls.end(stall) } }
         while !pending.isEmpty {
             let failed = await sendAll(pending)
-            if stall == nil, let (message, error) = failed.first {
-                stall = stalls.begin(topic: message.topic, error: error)
+            if let (message, error) = failed.first {
+                stall = stalls.record(stall, since: started, topic: message.topic, error: error)
             }
             pending = failed.map { message, error in
                 guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return message }
@@ -139,11 +142,15 @@ public final class PublishStalls: Sendable {
 
     private let state = Mutex(State())
 
-    fileprivate func begin(topic: String, error: KafkaError) -> UInt64 {
+    /// Records a failed round of publish `id` (a new entry when nil), keeping its latest error.
+    fileprivate func record(_ id: UInt64?, since: ContinuousClock.Instant, topic: String, error: KafkaError) -> UInt64 {
         state.withLock { state in
-            state.nextID &+= 1
-            state.open[state.nextID] = Stall(since: .now, topic: topic, error: error)
-            return state.nextID
+            let key = id ?? {
+                state.nextID &+= 1
+                return state.nextID
+            }()
+            state.open[key] = Stall(since: since, topic: topic, error: error)
+            return key
         }
     }
 
@@ -152,7 +159,7 @@ public final class PublishStalls: Sendable {
     }
 
     /// What is wrong when some publish has kept failing for `limit` or longer; nil otherwise.
-    func problem(longerThan limit: Duration, now: ContinuousClock.Instant = .now) -> String? {
+    public func problem(longerThan limit: Duration = readinessLimit, now: ContinuousClock.Instant = .now) -> String? {
         let oldest = state.withLock { $0.open.values.min { $0.since < $1.since } }
         guard let oldest, now - oldest.since >= limit else { return nil }
         let seconds = (now - oldest.since).components.seconds

@@ -68,6 +68,12 @@ struct ResponseAndConfigurationTests {
         #expect(throws: APNsClientError(.credentials, "the private key file \(directory) is not a regular file")) {
             try APNsAuthentication.loadPEM(certificateFile: bad, privateKeyFile: directory, password: nil)
         }
+        // A key mounted as a link to the real file (how Kubernetes mounts secrets) is read.
+        let realKey = directory + "/..data-AuthKey.p8"
+        #expect(FileManager.default.createFile(atPath: realKey, contents: Data(try DevCredentials.generate().signingKeyPEM.utf8)))
+        let linkedKey = directory + "/AuthKey.p8"
+        try FileManager.default.createSymbolicLink(atPath: linkedKey, withDestinationPath: realKey)
+        _ = try APNsAuthentication.loadToken(keyFile: linkedKey, keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
     }
 
     @Test("Invalid settings are refused; an app's other environment maps to the other endpoint")

@@ -56,7 +56,7 @@ struct FeedbackCommand: AsyncParsableCommand {
             metrics: { registry.emitToBuffer() },
             readiness: {
                 if consumer.assignment.isEmpty { return .init(ready: false, detail: "no partitions assigned") }
-                if let problem = worker.publishingProblem() { return .init(ready: false, detail: problem) }
+                if let problem = worker.publishStalls.problem() { return .init(ready: false, detail: problem) }
                 return .init(ready: true, detail: "\(consumer.assignment.count) partitions, \(services.count) feedback services")
             }
         )

@@ -70,7 +70,7 @@ struct WorkerCommand: AsyncParsableCommand {
                     + legacy.appsWithoutConnection.map { "\($0) (legacy gateway)" }
                 if consumer.assignment.isEmpty { return .init(ready: false, detail: "no partitions assigned") }
                 if !unusable.isEmpty { return .init(ready: false, detail: "no usable APNs connection for \(unusable.joined(separator: ", "))") }
-                if let problem = worker.publishingProblem() { return .init(ready: false, detail: problem) }
+                if let problem = worker.publishStalls.problem() { return .init(ready: false, detail: problem) }
                 return .init(ready: true, detail: "\(consumer.assignment.count) partitions, \(clients.pools.count) APNs pools")
             }
         )
