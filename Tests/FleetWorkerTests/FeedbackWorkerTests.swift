@@ -125,17 +125,27 @@ struct FeedbackWorkerTests {
         #expect(worker.feedbackServiceHealth == ["legacy": true])
     }
 
-    @Test("cancellation reaches a poll in progress: the worker stops instead of waiting out the poll")
-    func cancellationReachesAPoll() async throws {
+    /// A mock cluster with the results and token-event topics, and a feedback worker's consumer
+    /// and producer on it.
+    static func kafka(logLevel: Logger.Level) throws -> (MockKafkaCluster, KafkaConsumer, KafkaProducer, Logger) {
         var logger = Logger(label: "feedback-test")
-        logger.logLevel = .error
+        logger.logLevel = logLevel
         let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
         let topics = TopicNames()
         try cluster.createTopic(topics.results, partitions: 1)
+        try cluster.createTopic(topics.tokenEvents, partitions: 1)
         var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
         client.statisticsInterval = nil
         let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(client: client, groupID: "feedback", topics: [topics.results]), logger: logger)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        return (cluster, consumer, producer, logger)
+    }
+
+    @Test("cancellation reaches a poll in progress: the worker stops instead of waiting out the poll")
+    func cancellationReachesAPoll() async throws {
+        let (cluster, consumer, producer, logger) = try Self.kafka(logLevel: .error)
+        defer { withExtendedLifetime(cluster) {} }
+        let topics = TopicNames()
         let polling = Shared(false)
         // A feedback service that keeps the connection open for a minute (as a stuck one would).
         let stuck = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _, _ in
@@ -163,16 +173,8 @@ struct FeedbackWorkerTests {
 
     @Test("a forced stop while Kafka refuses the events: the lost count is logged as an error, with no promise of a next poll")
     func forcedStopReportsLostEvents() async throws {
-        var quiet = Logger(label: "feedback-test")
-        quiet.logLevel = .critical
-        let cluster = try MockKafkaCluster(brokers: 1, logger: quiet)
+        let (cluster, consumer, producer, _) = try Self.kafka(logLevel: .critical)
         let topics = TopicNames()
-        try cluster.createTopic(topics.results, partitions: 1)
-        try cluster.createTopic(topics.tokenEvents, partitions: 1)
-        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-        client.statisticsInterval = nil
-        let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(client: client, groupID: "feedback", topics: [topics.results]), logger: quiet)
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: quiet)
         // Every event is refused (an ACL, say), so the poll's events wait in the publisher.
         let denied = try #require(KafkaErrorCodes.code(named: "TOPIC_AUTHORIZATION_FAILED"))
         cluster.pushRequestErrors(api: .produce, errors: Array(repeating: denied, count: 1000))

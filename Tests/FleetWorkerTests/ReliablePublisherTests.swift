@@ -9,16 +9,23 @@ import Testing
 
 @Suite("Reliable publisher")
 struct ReliablePublisherTests {
-    @Test("a message Kafka refuses as too large goes out cut short, with its size in a header, instead of being retried forever")
-    func tooLargeIsCutShort() async throws {
+    /// A publisher on a fresh mock cluster holding `topic`.
+    static func publisher(topic: String, logLevel: Logger.Level) throws -> (MockKafkaCluster, KafkaClientConfiguration, KafkaProducer, ReliablePublisher) {
         var logger = Logger(label: "publisher-test")
-        logger.logLevel = .error
+        logger.logLevel = logLevel
         let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
-        try cluster.createTopic("dlq", partitions: 1)
+        try cluster.createTopic(topic, partitions: 1)
         var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
         client.statisticsInterval = nil
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
-        let publisher = ReliablePublisher(producer: producer, logger: logger)
+        return (cluster, client, producer, ReliablePublisher(producer: producer, logger: logger))
+    }
+
+    @Test("a message Kafka refuses as too large goes out cut short, with its size in a header, instead of being retried forever")
+    func tooLargeIsCutShort() async throws {
+        let (cluster, client, producer, publisher) = try Self.publisher(topic: "dlq", logLevel: .error)
+        defer { withExtendedLifetime(cluster) {} }
+        let logger = publisher.logger
         // A job of 1.2 MB (say, an image pasted into the payload): invalid, and its DLQ copy
         // is over librdkafka's message.max.bytes.
         let huge = KafkaOutgoingMessage(topic: "dlq", value: [UInt8](repeating: 0x61, count: 1_200_000), headers: [RecordHeader("dlq-reason", "payload too large")])
@@ -61,14 +68,7 @@ struct ReliablePublisherTests {
 
     @Test("a publish that keeps failing (a topic denied by an ACL) is reported, naming the topic and error, until it ends")
     func keptFailingIsReported() async throws {
-        var logger = Logger(label: "publisher-test")
-        logger.logLevel = .critical
-        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
-        try cluster.createTopic("results", partitions: 1)
-        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-        client.statisticsInterval = nil
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
-        let publisher = ReliablePublisher(producer: producer, logger: logger)
+        let (cluster, _, producer, publisher) = try Self.publisher(topic: "results", logLevel: .critical)
         #expect(publisher.stalls.problem(longerThan: .zero) == nil)
 
         let denied = try #require(KafkaErrorCodes.code(named: "TOPIC_AUTHORIZATION_FAILED"))
