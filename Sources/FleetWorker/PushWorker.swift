@@ -76,7 +76,8 @@ public final class PushWorker: Service, Sendable {
     ) {
         self.configuration = configuration
         self.consumer = consumer
-        self.publisher = ReliablePublisher(producer: producer, logger: logger)
+        let retryTopic = configuration.fleet.topics.retry
+        self.publisher = ReliablePublisher(producer: producer, logger: logger) { Self.halves(of: $0, retryTopic: retryTopic) }
         self.sender = sender
         self.intake = JobIntake(configuration: configuration.fleet, workerID: configuration.workerID)
         self.policy = DeliveryPolicy(retry: configuration.fleet.retry)
@@ -461,6 +462,24 @@ public final class PushWorker: Service, Sendable {
         }
         if listed > 0 { publishList() }
         return messages
+    }
+
+    /// A retry record Kafka refused as too large (its topic's `max.message.bytes` below the
+    /// producer's, which `retryMessages` sized it by), as two records for half its tokens each;
+    /// nil for any other message, or one naming a single token.
+    static func halves(of message: KafkaOutgoingMessage, retryTopic: String) -> [KafkaOutgoingMessage]? {
+        guard message.topic == retryTopic,
+            let index = message.headers.firstIndex(where: { $0.key == JobIntake.retryTokensKey }),
+            let list = message.headers[index].value
+        else { return nil }
+        let tokens = list.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: true)
+        guard tokens.count > 1 else { return nil }
+        let middle = tokens.count / 2
+        return [tokens[..<middle], tokens[middle...]].map { part in
+            var half = message
+            half.headers[index] = RecordHeader(key: JobIntake.retryTokensKey, value: Array(part.joined(separator: [UInt8(ascii: ",")])))
+            return half
+        }
     }
 
     /// The `failed` result of a token that was to retry later but whose retry record cannot fit

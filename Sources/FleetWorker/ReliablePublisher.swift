@@ -15,9 +15,14 @@ struct ReliablePublisher: Sendable {
     /// by an ACL) holds its records' slots and partitions' offsets until it is fixed.
     let stalls = PublishStalls()
 
-    init(producer: KafkaProducer, logger: Logger) {
+    /// Splits a message Kafka refused as too large into smaller ones that stand for the same
+    /// thing (a retry record into records for fewer tokens each); nil when it cannot.
+    let split: @Sendable (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]?
+
+    init(producer: KafkaProducer, logger: Logger, split: @escaping @Sendable (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]? = { _ in nil }) {
         self.producer = producer
         self.logger = logger
+        self.split = split
     }
 
     /// Returns false only when the task is cancelled first: the caller's record then stays
@@ -35,8 +40,11 @@ struct ReliablePublisher: Sendable {
             if let (message, error) = failed.first {
                 stall = stalls.record(stall, since: started, topic: message.topic, error: error)
             }
-            pending = failed.map { message, error in
-                guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return message }
+            pending = failed.flatMap { message, error -> [KafkaOutgoingMessage] in
+                guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return [message] }
+                // The topic's own max.message.bytes may be below the producer's, which the
+                // worker sized its records by.
+                if let parts = split(message) { return parts }
                 // Too large is permanent: retried as it is, it would hold its record, and so its
                 // partition's offset, forever. Only a DLQ copy of a huge job is that large (in
                 // its value or its headers); a small message refused with it was in a batch the
@@ -45,9 +53,9 @@ struct ReliablePublisher: Sendable {
                     logger.error("Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
                         "kafka.topic": "\(message.topic)",
                     ])
-                    return message
+                    return [message]
                 }
-                return smaller
+                return [smaller]
             }
             guard !pending.isEmpty else { break }
             if Task.isCancelled { return false }

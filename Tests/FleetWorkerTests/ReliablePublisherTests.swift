@@ -10,15 +10,42 @@ import Testing
 @Suite("Reliable publisher")
 struct ReliablePublisherTests {
     /// A publisher on a fresh mock cluster holding `topic`.
-    static func publisher(topic: String, logLevel: Logger.Level) throws -> (MockKafkaCluster, KafkaClientConfiguration, KafkaProducer, ReliablePublisher) {
+    static func publisher(
+        topic: String, logLevel: Logger.Level, properties: [String: String] = [:],
+        split: @escaping @Sendable (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]? = { _ in nil }
+    ) throws -> (MockKafkaCluster, KafkaClientConfiguration, KafkaProducer, ReliablePublisher) {
         var logger = Logger(label: "publisher-test")
         logger.logLevel = logLevel
         let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
         try cluster.createTopic(topic, partitions: 1)
         var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
         client.statisticsInterval = nil
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
-        return (cluster, client, producer, ReliablePublisher(producer: producer, logger: logger))
+        var producerClient = client
+        producerClient.properties = properties
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: producerClient), logger: logger)
+        return (cluster, client, producer, ReliablePublisher(producer: producer, logger: logger, split: split))
+    }
+
+    /// Reads `count` records of `topic` from the start.
+    static func read(_ count: Int, from topic: String, client: KafkaClientConfiguration, logger: Logger) async throws -> [KafkaRecord] {
+        var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: [topic])
+        readerConfiguration.sessionTimeout = .seconds(6)
+        let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
+        return try await withThrowingTaskGroup(of: [KafkaRecord].self) { group in
+            group.addTask { try await reader.run(); return [] }
+            group.addTask {
+                var records: [KafkaRecord] = []
+                for await batch in reader.batches {
+                    records += batch
+                    if records.count >= count { break }
+                }
+                return records
+            }
+            let first = try await group.next() ?? []
+            reader.close()
+            group.cancelAll()
+            return first
+        }
     }
 
     @Test("a message Kafka refuses as too large goes out cut short, with its size in a header, instead of being retried forever")
@@ -37,24 +64,7 @@ struct ReliablePublisherTests {
         let published = try await withTimeout(30, "the publish to finish") { await publisher.publish([huge, heavyHeaders]) }
         #expect(published)
 
-        var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: ["dlq"])
-        readerConfiguration.sessionTimeout = .seconds(6)
-        let reader = try KafkaConsumer(configuration: readerConfiguration, logger: logger)
-        let records = try await withThrowingTaskGroup(of: [KafkaRecord].self) { group in
-            group.addTask { try await reader.run(); return [] }
-            group.addTask {
-                var records: [KafkaRecord] = []
-                for await batch in reader.batches {
-                    records += batch
-                    if records.count >= 2 { break }
-                }
-                return records
-            }
-            let first = try await group.next() ?? []
-            reader.close()
-            group.cancelAll()
-            return first
-        }
+        let records = try await Self.read(2, from: "dlq", client: client, logger: logger)
         let record = try #require(records.first)
         #expect(record.value.count == ReliablePublisher.shrunkValueBytes)
         #expect(record.headers.text(ReliablePublisher.truncatedHeader) == "1200000")
@@ -63,6 +73,38 @@ struct ReliablePublisherTests {
         #expect(second.value == Array("{}".utf8))
         #expect(second.headers.text("dlq-reason") == "heavy headers")
         #expect(second.headers.text(ReliablePublisher.headersDroppedHeader) == "2")
+        await producer.shutdown(flushTimeout: .seconds(2))
+    }
+
+    @Test("a retry record refused as too large (its topic's limit below the producer's) goes out as records for half its tokens each")
+    func tooLargeRetryRecordIsSplit() async throws {
+        let retryTopic = TopicNames().retry
+        // The producer's own limit stands in for a topic whose max.message.bytes is lower than
+        // what the worker sized the record by: both refuse with MSG_SIZE_TOO_LARGE.
+        let (cluster, client, producer, publisher) = try Self.publisher(
+            topic: retryTopic, logLevel: .error, properties: ["message.max.bytes": "20000"],
+            split: { PushWorker.halves(of: $0, retryTopic: retryTopic) }
+        )
+        defer { withExtendedLifetime(cluster) {} }
+        let tokens = (0..<500).map { String(format: "%064x", $0) }
+        let job = Array(#"{"id":"fan","tokens":[],"payload":{}}"#.utf8)
+        let headers = [
+            RecordHeader("attempt", "2"), RecordHeader(JobIntake.retryTokensKey, tokens.joined(separator: ",")), RecordHeader("job-id", "fan"),
+        ]
+        let published = try await withTimeout(30, "the publish to finish") {
+            await publisher.publish([KafkaOutgoingMessage(topic: retryTopic, key: Array("fan".utf8), value: job, headers: headers)])
+        }
+        #expect(published)
+
+        let records = try await Self.read(2, from: retryTopic, client: client, logger: publisher.logger)
+        #expect(records.count == 2)
+        let lists = records.map { ($0.headers.text(JobIntake.retryTokensKey) ?? "").split(separator: ",").map(String.init) }
+        #expect(lists.map(\.count) == [250, 250])
+        #expect(lists.flatMap { $0 } == tokens, "every token once, in order")
+        for record in records {
+            #expect(record.value == job)
+            #expect(record.headers.text("attempt") == "2" && record.headers.text("job-id") == "fan")
+        }
         await producer.shutdown(flushTimeout: .seconds(2))
     }
 
