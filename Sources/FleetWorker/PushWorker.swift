@@ -466,12 +466,16 @@ public final class PushWorker: Service, Sendable {
 
     /// A retry record Kafka refused as too large (its topic's `max.message.bytes` below the
     /// producer's, which `retryMessages` sized it by), as two records for half its tokens each;
-    /// nil for any other message, or one naming a single token.
+    /// nil for any other message, one naming a single token, and one whose token list is smaller
+    /// than the rest of it: every part carries the whole job, so halving the list could not
+    /// bring such a record much below the limit, only multiply refused copies of a large job.
     static func halves(of message: KafkaOutgoingMessage, retryTopic: String) -> [KafkaOutgoingMessage]? {
         guard message.topic == retryTopic,
             let index = message.headers.firstIndex(where: { $0.key == JobIntake.retryTokensKey }),
             let list = message.headers[index].value
         else { return nil }
+        let rest = message.value.count + (message.key?.count ?? 0) + message.headers.reduce(0) { $0 + $1.byteCount } - list.count
+        guard list.count >= rest else { return nil }
         let tokens = list.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: true)
         guard tokens.count > 1 else { return nil }
         let middle = tokens.count / 2

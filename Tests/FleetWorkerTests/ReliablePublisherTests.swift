@@ -108,6 +108,23 @@ struct ReliablePublisherTests {
         await producer.shutdown(flushTimeout: .seconds(2))
     }
 
+    @Test("a retry record is split only when its token list is what makes it large")
+    func splitOnlyWhereItHelps() {
+        let retryTopic = TopicNames().retry
+        func record(tokens: Int, valueBytes: Int, topic: String? = nil) -> KafkaOutgoingMessage {
+            let list = (0..<tokens).map { String(format: "%064x", $0) }.joined(separator: ",")
+            return KafkaOutgoingMessage(
+                topic: topic ?? retryTopic, value: [UInt8](repeating: 0x20, count: valueBytes),
+                headers: [RecordHeader("attempt", "1"), RecordHeader(JobIntake.retryTokensKey, list)]
+            )
+        }
+        #expect(PushWorker.halves(of: record(tokens: 400, valueBytes: 2_000), retryTopic: retryTopic)?.count == 2)
+        // A large job with few tokens: every half would carry the whole job again.
+        #expect(PushWorker.halves(of: record(tokens: 10, valueBytes: 30_000), retryTopic: retryTopic) == nil)
+        #expect(PushWorker.halves(of: record(tokens: 1, valueBytes: 10), retryTopic: retryTopic) == nil)
+        #expect(PushWorker.halves(of: record(tokens: 400, valueBytes: 2_000, topic: "apns.dlq"), retryTopic: retryTopic) == nil)
+    }
+
     @Test("a publish that keeps failing (a topic denied by an ACL) is reported, naming the topic and error, until it ends")
     func keptFailingIsReported() async throws {
         let (cluster, _, producer, publisher) = try Self.publisher(topic: "results", logLevel: .critical)
