@@ -207,7 +207,7 @@ public final class PushWorker: Service, Sendable {
         if record.headers.contains(where: { $0.key == JobDecoder.tokenHeader }) { return 1 }
         // A retry record stands for the tokens it names, a part of the job's when it was split.
         if let list = record.headers.first(where: { $0.key == JobIntake.retryTokensKey })?.value {
-            return max(1, list.reduce(1) { $1 == UInt8(ascii: ",") ? $0 + 1 : $0 })
+            return list.reduce(1) { $1 == UInt8(ascii: ",") ? $0 + 1 : $0 }
         }
         var quotes = 0
         var inTokens = false
@@ -398,7 +398,7 @@ public final class PushWorker: Service, Sendable {
             case .later(let attempt): later.append(attempt)
             }
         }
-        if !later.isEmpty { messages += retryMessages(later, of: job, record: record) }
+        messages += retryMessages(later, of: job, record: record)
         return messages
     }
 
@@ -424,8 +424,8 @@ public final class PushWorker: Service, Sendable {
     /// many records as it takes to keep each within the producer's `message.max.bytes` (a
     /// fan-out job's `retry-tokens` can run to megabytes). A token that fits no record (the job
     /// itself is near the limit) gets a `failed` result instead: refused as too large, its record
-    /// would be published again forever and hold its partition's offset back. `later` is not
-    /// empty; the records carry the latest not-before of its tokens.
+    /// would be published again forever and hold its partition's offset back. The records carry
+    /// the latest not-before of its tokens; none when `later` is empty.
     private func retryMessages(_ later: [LaterAttempt], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         guard let retry = later.max(by: { $0.headers.notBefore < $1.headers.notBefore })?.headers else { return [] }
         var headers = retry.applied(to: record.headers.filter {
