@@ -104,7 +104,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and
             // is redone after its partition moves (duplicates allowed, losses not).
-            if await self.worker.publisher.publish([message]) {
+            if await self.worker.publish([message], for: self.record) {
                 self.finish()
             } else {
                 self.abandon()

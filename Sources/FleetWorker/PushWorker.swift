@@ -76,8 +76,7 @@ public final class PushWorker: Service, Sendable {
     ) {
         self.configuration = configuration
         self.consumer = consumer
-        let retryTopic = configuration.fleet.topics.retry
-        self.publisher = ReliablePublisher(producer: producer, logger: logger) { Self.halves(of: $0, retryTopic: retryTopic) }
+        self.publisher = ReliablePublisher(producer: producer, logger: logger)
         self.sender = sender
         self.intake = JobIntake(configuration: configuration.fleet, workerID: configuration.workerID)
         self.policy = DeliveryPolicy(retry: configuration.fleet.retry)
@@ -291,7 +290,7 @@ public final class PushWorker: Service, Sendable {
             "kafka.topic": "\(record.topic)", "kafka.partition": "\(record.partition)", "kafka.offset": "\(record.offset)",
         ])
         let copy = KafkaOutgoingMessage(topic: configuration.fleet.topics.retry, key: record.key, value: record.value, headers: record.headers)
-        guard await publish([copy]) else { return }
+        guard await publish([copy], for: record) else { return }
         consumer.markFinished(record)
     }
 
@@ -305,7 +304,7 @@ public final class PushWorker: Service, Sendable {
     private func complete(_ admission: Admission, record: KafkaRecord) async {
         switch admission {
         case .rejected(let messages):
-            guard await publish(messages) else { return }
+            guard await publish(messages, for: record) else { return }
         case .accepted(let job):
             // False when cancelled before Kafka took the results: left unfinished, redone.
             guard await deliver(job, record: record) else { return }
@@ -383,7 +382,7 @@ public final class PushWorker: Service, Sendable {
         // A token cancelled during its backoff has no outcome: the record is left unfinished.
         let settled = outcomes.compactMap { $0 }
         guard settled.count == outcomes.count else { return false }
-        return await publish(outcomeMessages(settled, of: job, record: record))
+        return await publish(outcomeMessages(settled, of: job, record: record), for: record)
     }
 
     /// The result messages of a job's finished tokens, plus one retry record for the tokens that
@@ -646,10 +645,33 @@ public final class PushWorker: Service, Sendable {
         return KafkaOutgoingMessage(topic: configuration.fleet.topics.results, key: Array(result.token.utf8), value: result.encoded())
     }
 
-    /// Publishes and waits for every acknowledgement; false only when cancelled first (see
-    /// ``ReliablePublisher``): the record then stays unfinished and is redone elsewhere.
-    private func publish(_ messages: [KafkaOutgoingMessage]) async -> Bool {
-        await publisher.publish(messages)
+    /// Publishes `record`'s outcome messages and waits for every acknowledgement; false only
+    /// when cancelled first (see ``ReliablePublisher``): the record then stays unfinished and is
+    /// redone elsewhere.
+    func publish(_ messages: [KafkaOutgoingMessage], for record: KafkaRecord) async -> Bool {
+        await publisher.publish(messages) { replaceTooLarge($0, for: record) }
+    }
+
+    /// What stands for a retry record the retry topic refused as too large (its
+    /// `max.message.bytes` below the producer's, which `retryMessages` sized it by): two records
+    /// for half its tokens each, or, where halving cannot help, a `failed` result per token.
+    /// Published again as it is, it would be refused forever and hold `record`'s partition.
+    private func replaceTooLarge(_ message: KafkaOutgoingMessage, for record: KafkaRecord) -> [KafkaOutgoingMessage]? {
+        guard message.topic == configuration.fleet.topics.retry else { return nil }
+        if let halves = Self.halves(of: message, retryTopic: configuration.fleet.topics.retry) { return halves }
+        // Read back as the next consumer would: the job and the tokens the record names.
+        let source = SourcePosition(topic: record.topic, partition: record.partition, offset: record.offset)
+        guard case .accepted(let accepted) = intake.accept(value: message.value, headers: message.headers, source: source, now: now()) else {
+            return nil
+        }
+        let job = JobInFlight(accepted)
+        let lastReason = message.headers.text(RetryHeaders.lastReasonKey) ?? "none"
+        let bytes = message.value.count + (message.key?.count ?? 0) + message.headers.reduce(0) { $0 + $1.byteCount }
+        let reason = "\(lastReason); no retry: the retry topic refused the job's retry record (\(bytes) bytes) as too large for its max.message.bytes"
+        return job.tokens.map { token in
+            logFinished(job, token: token, outcome: .failed, status: nil, reason: reason, attempts: job.previousAttempts)
+            return resultMessage(result(job, token: token, outcome: .failed, status: nil, reason: reason, attempts: job.previousAttempts, latency: 0, send: nil))
+        }
     }
 }
 

@@ -15,19 +15,21 @@ struct ReliablePublisher: Sendable {
     /// by an ACL) holds its records' slots and partitions' offsets until it is fixed.
     let stalls = PublishStalls()
 
-    /// Splits a message Kafka refused as too large into smaller ones that stand for the same
-    /// thing (a retry record into records for fewer tokens each); nil when it cannot.
-    let split: @Sendable (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]?
-
-    init(producer: KafkaProducer, logger: Logger, split: @escaping @Sendable (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]? = { _ in nil }) {
+    init(producer: KafkaProducer, logger: Logger) {
         self.producer = producer
         self.logger = logger
-        self.split = split
     }
 
     /// Returns false only when the task is cancelled first: the caller's record then stays
     /// unfinished and is redone after its partition moves (duplicates allowed, losses not).
-    func publish(_ messages: [KafkaOutgoingMessage]) async -> Bool {
+    ///
+    /// `replaceTooLarge` gives what publishes instead a message Kafka refused as too large and
+    /// that stands for the same thing (a retry record as records for fewer tokens each, or as
+    /// their `failed` results); nil when the message has no such stand-in.
+    func publish(
+        _ messages: [KafkaOutgoingMessage],
+        replacingTooLarge replaceTooLarge: (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]? = { _ in nil }
+    ) async -> Bool {
         var pending = messages
         var delayMilliseconds = 100
         // A stall counts from the publish's start: with brokers unreachable, the first delivery
@@ -44,7 +46,7 @@ struct ReliablePublisher: Sendable {
                 guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return [message] }
                 // The topic's own max.message.bytes may be below the producer's, which the
                 // worker sized its records by.
-                if let parts = split(message) { return parts }
+                if let replacements = replaceTooLarge(message) { return replacements }
                 // Too large is permanent: retried as it is, it would hold its record, and so its
                 // partition's offset, forever. Only a DLQ copy of a huge job is that large (in
                 // its value or its headers); a small message refused with it was in a batch the

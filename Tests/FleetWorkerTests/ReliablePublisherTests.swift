@@ -11,8 +11,7 @@ import Testing
 struct ReliablePublisherTests {
     /// A publisher on a fresh mock cluster holding `topic`.
     static func publisher(
-        topic: String, logLevel: Logger.Level, properties: [String: String] = [:],
-        split: @escaping @Sendable (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]? = { _ in nil }
+        topic: String, logLevel: Logger.Level, properties: [String: String] = [:]
     ) throws -> (MockKafkaCluster, KafkaClientConfiguration, KafkaProducer, ReliablePublisher) {
         var logger = Logger(label: "publisher-test")
         logger.logLevel = logLevel
@@ -23,7 +22,7 @@ struct ReliablePublisherTests {
         var producerClient = client
         producerClient.properties = properties
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: producerClient), logger: logger)
-        return (cluster, client, producer, ReliablePublisher(producer: producer, logger: logger, split: split))
+        return (cluster, client, producer, ReliablePublisher(producer: producer, logger: logger))
     }
 
     /// Reads `count` records of `topic` from the start.
@@ -82,8 +81,7 @@ struct ReliablePublisherTests {
         // The producer's own limit stands in for a topic whose max.message.bytes is lower than
         // what the worker sized the record by: both refuse with MSG_SIZE_TOO_LARGE.
         let (cluster, client, producer, publisher) = try Self.publisher(
-            topic: retryTopic, logLevel: .error, properties: ["message.max.bytes": "20000"],
-            split: { PushWorker.halves(of: $0, retryTopic: retryTopic) }
+            topic: retryTopic, logLevel: .error, properties: ["message.max.bytes": "20000"]
         )
         defer { withExtendedLifetime(cluster) {} }
         let tokens = (0..<500).map { String(format: "%064x", $0) }
@@ -92,7 +90,9 @@ struct ReliablePublisherTests {
             RecordHeader("attempt", "2"), RecordHeader(JobIntake.retryTokensKey, tokens.joined(separator: ",")), RecordHeader("job-id", "fan"),
         ]
         let published = try await withTimeout(30, "the publish to finish") {
-            await publisher.publish([KafkaOutgoingMessage(topic: retryTopic, key: Array("fan".utf8), value: job, headers: headers)])
+            await publisher.publish([KafkaOutgoingMessage(topic: retryTopic, key: Array("fan".utf8), value: job, headers: headers)]) {
+                PushWorker.halves(of: $0, retryTopic: retryTopic)
+            }
         }
         #expect(published)
 

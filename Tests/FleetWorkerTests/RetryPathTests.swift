@@ -287,6 +287,35 @@ extension RetryPathTests {
         #expect(result.reason?.contains("message.max.bytes (\(limit))") == true)
         #expect(outcome.offsetsAtEnd)
     }
+
+    @Test("a retry record the topic refuses as too large, where halving its tokens cannot help, gives failed results")
+    func retryTopicRefusesRecord() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        behaviour.serviceUnavailableRate = 1
+        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 5, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        // Jobs Kafka takes, whose retry records (the job plus about 250 bytes of headers) the
+        // topic refuses; their token lists are too short for halves to come under the limit.
+        let alert = String(repeating: "x", count: 4000)
+        let single = InProcessFleet.token(1)
+        let pair = [InProcessFleet.token(2), InProcessFleet.token(3)]
+        let jobs = [
+            #"{"id":"one","token":"\#(single)","payload":{"aps":{"alert":"\#(alert)"}}}"#,
+            #"{"id":"two","tokens":["\#(pair[0])","\#(pair[1])"],"payload":{"aps":{"alert":"\#(alert)"}}}"#,
+        ]
+        let limit = try #require(jobs.map(\.utf8.count).max()) + 100
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10, refusedAbove: limit)
+        let outcome = try await fleet.run(jobs.map(fleet.job)) { results, _ in results.count >= 3 }
+
+        #expect(outcome.retries.isEmpty)
+        #expect(outcome.results.map { "\($0.jobID)/\($0.token)" }.sorted() == ["one/\(single)", "two/\(pair[0])", "two/\(pair[1])"])
+        for result in outcome.results {
+            #expect(result.outcome == .failed && result.attempts == 1, "\(result.jobID): \(result.outcome) after \(result.attempts)")
+            let reason = result.reason ?? ""
+            #expect(reason.hasPrefix("ServiceUnavailable; no retry: the retry topic refused the job's retry record ("), "\(reason)")
+            #expect(reason.hasSuffix("as too large for its max.message.bytes"), "\(reason)")
+        }
+        #expect(outcome.offsetsAtEnd)
+    }
 }
 
 /// One log line, as the worker wrote it.
@@ -357,7 +386,7 @@ final class InProcessFleet: Sendable {
 
     static func start(
         behaviour: APNsSimulatorConfiguration.Behaviour, retry: RetryPolicy, maxInFlight: Int, workerLogs: Collected<CapturedLog>? = nil,
-        messageMaxBytes: Int? = nil
+        messageMaxBytes: Int? = nil, refusedAbove: Int? = nil
     ) async throws -> InProcessFleet {
         var logger = Logger(label: "retry-path-test")
         logger.logLevel = .error
@@ -371,6 +400,11 @@ final class InProcessFleet: Sendable {
             // As `kafka.properties` sets it: for the worker's producer and the worker itself.
             client.properties["message.max.bytes"] = String(messageMaxBytes)
             fleet.kafka.properties["message.max.bytes"] = String(messageMaxBytes)
+        }
+        if let refusedAbove {
+            // Only the producer's: it refuses what the worker sized by the default, as a topic
+            // whose max.message.bytes is lower than the producer's does.
+            client.properties["message.max.bytes"] = String(refusedAbove)
         }
         let clients = try APNsClients(apps: [app], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
