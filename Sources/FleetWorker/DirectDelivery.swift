@@ -100,11 +100,20 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         // Set before every send; without it there is nothing to publish again, and the slot at
         // least goes back.
         guard let message else { return abandon() }
-        worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
+        let progress = [notification.token: progress]
+        let messages: [KafkaOutgoingMessage]
+        if error.rdKafkaCode == KafkaError.messageSizeTooLargeCode {
+            // Refused for good as it is (a retry record its topic finds too large): what stands
+            // for it goes out instead, without a round of the same refusal first.
+            messages = worker.replaceTooLarge(message, for: record, progress: progress) ?? [message]
+        } else {
+            messages = [message]
+            worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
+        }
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and
             // is redone after its partition moves (duplicates allowed, losses not).
-            if await self.worker.publish([message], for: self.record) {
+            if await self.worker.publish(messages, for: self.record, progress: progress) {
                 self.finish()
             } else {
                 self.abandon()

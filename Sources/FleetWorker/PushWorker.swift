@@ -382,7 +382,7 @@ public final class PushWorker: Service, Sendable {
         // A token cancelled during its backoff has no outcome: the record is left unfinished.
         let settled = outcomes.compactMap { $0 }
         guard settled.count == outcomes.count else { return false }
-        return await publish(outcomeMessages(settled, of: job, record: record), for: record)
+        return await publish(outcomeMessages(settled, of: job, record: record), for: record, progress: Self.progressOfLater(settled))
     }
 
     /// The result messages of a job's finished tokens, plus one retry record for the tokens that
@@ -465,16 +465,20 @@ public final class PushWorker: Service, Sendable {
 
     /// A retry record Kafka refused as too large (its topic's `max.message.bytes` below the
     /// producer's, which `retryMessages` sized it by), as two records for half its tokens each;
-    /// nil for any other message, one naming a single token, and one whose token list is smaller
-    /// than the rest of it: every part carries the whole job, so halving the list could not
-    /// bring such a record much below the limit, only multiply refused copies of a large job.
+    /// nil for any other message, one naming a single token, and one whose token list is under
+    /// half the rest of it: every part carries the whole job, so halving such a list could not
+    /// bring the record much below the limit, only multiply refused copies of a large job.
     static func halves(of message: KafkaOutgoingMessage, retryTopic: String) -> [KafkaOutgoingMessage]? {
         guard message.topic == retryTopic,
             let index = message.headers.firstIndex(where: { $0.key == JobIntake.retryTokensKey }),
             let list = message.headers[index].value
         else { return nil }
         let rest = message.value.count + (message.key?.count ?? 0) + message.headers.reduce(0) { $0 + $1.byteCount } - list.count
-        guard list.count >= rest else { return nil }
+        // Each round halves the list, so this bounds the parts to about 4 × list / rest and the
+        // bytes sent to a few times the record's. A JSON fan-out job names each token in its
+        // value too, so its list is never larger than the rest: halving it once or twice is what
+        // brings it under a limit that only the list had pushed it over.
+        guard list.count * 2 >= rest else { return nil }
         let tokens = list.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: true)
         guard tokens.count > 1 else { return nil }
         let middle = tokens.count / 2
@@ -488,13 +492,19 @@ public final class PushWorker: Service, Sendable {
     /// The `failed` result of a token that was to retry later but whose retry record cannot fit
     /// in Kafka: its last attempt's answer, and why it goes no further.
     private func noRetry(_ attempt: LaterAttempt, of job: JobInFlight, recordBytes: Int, limit: Int) -> NotificationResult {
-        let reason = "\(attempt.headers.lastReason); no retry: the job's retry record would be \(recordBytes) bytes, above the producer's message.max.bytes (\(limit))"
+        noRetry(
+            token: attempt.token, of: job, progress: attempt.progress,
+            reason: "\(attempt.headers.lastReason); no retry: the job's retry record would be \(recordBytes) bytes, above the producer's message.max.bytes (\(limit))"
+        )
+    }
+
+    private func noRetry(token: DeviceToken, of job: JobInFlight, progress: SendProgress, reason: String) -> NotificationResult {
         var status: Int?
-        if case .answered(let answered, _) = attempt.last.attempt { status = answered }
-        logFinished(job, token: attempt.token, outcome: .failed, status: status, reason: reason, attempts: attempt.headers.attempt)
+        if case .answered(let answered, _)? = progress.last?.attempt { status = answered }
+        logFinished(job, token: token, outcome: .failed, status: status, reason: reason, attempts: progress.attempts)
         return result(
-            job, token: attempt.token, outcome: .failed, status: status, reason: reason,
-            attempts: attempt.headers.attempt, latency: attempt.latency, send: attempt.last
+            job, token: token, outcome: .failed, status: status, reason: reason,
+            attempts: progress.attempts, latency: progress.totalLatency, send: progress.last
         )
     }
 
@@ -505,6 +515,10 @@ public final class PushWorker: Service, Sendable {
         var last: SendResult
         /// Every attempt's latency so far, added up.
         var latency: Double
+
+        var progress: SendProgress {
+            SendProgress(attempts: headers.attempt, totalLatency: latency, last: last)
+        }
     }
 
     /// Not `indirect`: a boxed result was copied into its box and out again, a retain and a
@@ -647,30 +661,44 @@ public final class PushWorker: Service, Sendable {
 
     /// Publishes `record`'s outcome messages and waits for every acknowledgement; false only
     /// when cancelled first (see ``ReliablePublisher``): the record then stays unfinished and is
-    /// redone elsewhere.
-    func publish(_ messages: [KafkaOutgoingMessage], for record: KafkaRecord) async -> Bool {
-        await publisher.publish(messages) { replaceTooLarge($0, for: record) }
+    /// redone elsewhere. `progress` holds the attempts of the tokens its retry records name.
+    func publish(_ messages: [KafkaOutgoingMessage], for record: KafkaRecord, progress: [DeviceToken: SendProgress] = [:]) async -> Bool {
+        await publisher.publish(messages) { replaceTooLarge($0, for: record, progress: progress) }
+    }
+
+    /// The attempts so far of the tokens that retry later; empty (no allocation) when none does.
+    private static func progressOfLater(_ outcomes: [TokenOutcome]) -> [DeviceToken: SendProgress] {
+        var progress: [DeviceToken: SendProgress] = [:]
+        for case .later(let attempt) in outcomes {
+            progress[attempt.token] = attempt.progress
+        }
+        return progress
     }
 
     /// What stands for a retry record the retry topic refused as too large (its
     /// `max.message.bytes` below the producer's, which `retryMessages` sized it by): two records
-    /// for half its tokens each, or, where halving cannot help, a `failed` result per token.
-    /// Published again as it is, it would be refused forever and hold `record`'s partition.
-    private func replaceTooLarge(_ message: KafkaOutgoingMessage, for record: KafkaRecord) -> [KafkaOutgoingMessage]? {
+    /// for half its tokens each, or, where halving cannot help, a `failed` result per token with
+    /// its last attempt's answer from `progress`. Published again as it is, it would be refused
+    /// forever and hold `record`'s partition.
+    func replaceTooLarge(_ message: KafkaOutgoingMessage, for record: KafkaRecord, progress: [DeviceToken: SendProgress]) -> [KafkaOutgoingMessage]? {
         guard message.topic == configuration.fleet.topics.retry else { return nil }
         if let halves = Self.halves(of: message, retryTopic: configuration.fleet.topics.retry) { return halves }
         // Read back as the next consumer would: the job and the tokens the record names.
         let source = SourcePosition(topic: record.topic, partition: record.partition, offset: record.offset)
-        guard case .accepted(let accepted) = intake.accept(value: message.value, headers: message.headers, source: source, now: now()) else {
-            return nil
+        let job: JobInFlight
+        switch intake.accept(value: message.value, headers: message.headers, source: source, now: now()) {
+        case .accepted(let accepted): job = JobInFlight(accepted)
+        // What its consumer would make of it (only a record handed back unread can be unusable).
+        case .rejected(let rejected): return rejectionMessages(rejected, record: record)
         }
-        let job = JobInFlight(accepted)
         let lastReason = message.headers.text(RetryHeaders.lastReasonKey) ?? "none"
         let bytes = message.value.count + (message.key?.count ?? 0) + message.headers.reduce(0) { $0 + $1.byteCount }
         let reason = "\(lastReason); no retry: the retry topic refused the job's retry record (\(bytes) bytes) as too large for its max.message.bytes"
+        Counter(label: "apns.worker.retries.refused", dimensions: [("app", job.appName)]).increment(by: job.tokens.count)
         return job.tokens.map { token in
-            logFinished(job, token: token, outcome: .failed, status: nil, reason: reason, attempts: job.previousAttempts)
-            return resultMessage(result(job, token: token, outcome: .failed, status: nil, reason: reason, attempts: job.previousAttempts, latency: 0, send: nil))
+            resultMessage(noRetry(
+                token: token, of: job, progress: progress[token] ?? SendProgress(attempts: job.previousAttempts), reason: reason
+            ))
         }
     }
 }

@@ -42,8 +42,14 @@ struct ReliablePublisher: Sendable {
             if let (message, error) = failed.first {
                 stall = stalls.record(stall, since: started, topic: message.topic, error: error)
             }
+            // Whether every message to publish again is a new one standing for a refused one:
+            // those go out at once, not after a backoff.
+            var onlyReplacements = true
             pending = failed.flatMap { message, error -> [KafkaOutgoingMessage] in
-                guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else { return [message] }
+                guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else {
+                    onlyReplacements = false
+                    return [message]
+                }
                 // The topic's own max.message.bytes may be below the producer's, which the
                 // worker sized its records by.
                 if let replacements = replaceTooLarge(message) { return replacements }
@@ -52,6 +58,7 @@ struct ReliablePublisher: Sendable {
                 // its value or its headers); a small message refused with it was in a batch the
                 // broker refused whole.
                 guard let smaller = shrunk(message) else {
+                    onlyReplacements = false
                     logger.error("Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
                         "kafka.topic": "\(message.topic)",
                     ])
@@ -61,6 +68,7 @@ struct ReliablePublisher: Sendable {
             }
             guard !pending.isEmpty else { break }
             if Task.isCancelled { return false }
+            if onlyReplacements { continue }
             try? await Task.sleep(for: .milliseconds(delayMilliseconds))
             delayMilliseconds = min(delayMilliseconds * 2, 5000)
         }

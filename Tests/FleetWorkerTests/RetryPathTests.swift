@@ -288,32 +288,72 @@ extension RetryPathTests {
         #expect(outcome.offsetsAtEnd)
     }
 
+    /// A JSON job of exactly `bytes` bytes sending `tokens` (the alert pads it).
+    static func paddedJob(id: String, tokens: [String], bytes: Int) -> String {
+        let list = tokens.map { "\"\($0)\"" }.joined(separator: ",")
+        let shell = #"{"id":"\#(id)","tokens":[\#(list)],"payload":{"aps":{"alert":""}}}"#
+        return #"{"id":"\#(id)","tokens":[\#(list)],"payload":{"aps":{"alert":"\#(String(repeating: "x", count: bytes - shell.utf8.count))"}}}"#
+    }
+
     @Test("a retry record the topic refuses as too large, where halving its tokens cannot help, gives failed results")
     func retryTopicRefusesRecord() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
         behaviour.serviceUnavailableRate = 1
         let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 5, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
-        // Jobs Kafka takes, whose retry records (the job plus about 250 bytes of headers) the
-        // topic refuses; their token lists are too short for halves to come under the limit.
-        let alert = String(repeating: "x", count: 4000)
-        let single = InProcessFleet.token(1)
-        let pair = [InProcessFleet.token(2), InProcessFleet.token(3)]
+        // Jobs of one size that Kafka takes, whose retry records (the job, about 100 bytes of
+        // headers and the token list) the topic refuses. The fan-out job's list is large enough
+        // to be halved once; its halves are refused too, and halving again cannot help.
+        let bytes = 4150
+        let fan = (10..<65).map(InProcessFleet.token)
         let jobs = [
-            #"{"id":"one","token":"\#(single)","payload":{"aps":{"alert":"\#(alert)"}}}"#,
-            #"{"id":"two","tokens":["\#(pair[0])","\#(pair[1])"],"payload":{"aps":{"alert":"\#(alert)"}}}"#,
+            (id: "one", tokens: [InProcessFleet.token(1)]),
+            (id: "two", tokens: [InProcessFleet.token(2), InProcessFleet.token(3)]),
+            (id: "fan", tokens: fan),
         ]
-        let limit = try #require(jobs.map(\.utf8.count).max()) + 100
-        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10, refusedAbove: limit)
-        let outcome = try await fleet.run(jobs.map(fleet.job)) { results, _ in results.count >= 3 }
+        let limit = bytes + 60
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 100, refusedAbove: limit)
+        let expected = jobs.flatMap { job in job.tokens.map { "\(job.id)/\($0)" } }
+        let outcome = try await fleet.run(jobs.map { fleet.job(Self.paddedJob(id: $0.id, tokens: $0.tokens, bytes: bytes)) }) { results, _ in
+            results.count >= expected.count
+        }
 
         #expect(outcome.retries.isEmpty)
-        #expect(outcome.results.map { "\($0.jobID)/\($0.token)" }.sorted() == ["one/\(single)", "two/\(pair[0])", "two/\(pair[1])"])
+        #expect(outcome.results.map { "\($0.jobID)/\($0.token)" }.sorted() == expected.sorted(), "one result per token")
         for result in outcome.results {
-            #expect(result.outcome == .failed && result.attempts == 1, "\(result.jobID): \(result.outcome) after \(result.attempts)")
+            // The last attempt's answer is kept, as for a record the producer's own limit refuses.
+            #expect(result.outcome == .failed && result.status == 503 && result.attempts == 1, "\(result.jobID): \(result.outcome) after \(result.attempts)")
+            #expect(result.apnsID != nil && result.latencyMs > 0)
+            #expect(result.source.topic == fleet.topics.jobs)
             let reason = result.reason ?? ""
             #expect(reason.hasPrefix("ServiceUnavailable; no retry: the retry topic refused the job's retry record ("), "\(reason)")
             #expect(reason.hasSuffix("as too large for its max.message.bytes"), "\(reason)")
         }
+        #expect(outcome.offsetsAtEnd)
+    }
+
+    @Test("a JSON fan-out job's retry record the topic refuses as too large goes out as two records that fit")
+    func refusedRetryRecordIsHalved() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        behaviour.serviceUnavailableRate = 1
+        // The second attempt, from the retry topic, is the last.
+        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 2, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        let tokens = (100..<200).map(InProcessFleet.token)
+        let json = Self.paddedJob(id: "fan", tokens: tokens, bytes: 7000)
+        // The record with all 100 tokens listed (6,500 bytes of list) is refused; one listing
+        // 50 of them fits.
+        let limit = json.utf8.count + 4400
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 200, refusedAbove: limit)
+        let outcome = try await fleet.run([fleet.job(json)]) { results, _ in results.count >= tokens.count }
+
+        let lists = outcome.retries.map { ($0.headers.text(JobIntake.retryTokensKey) ?? "").split(separator: ",").map(String.init) }
+        #expect(lists.map(\.count).sorted() == [50, 50])
+        #expect(lists.flatMap { $0 }.sorted() == tokens.sorted(), "each token in exactly one record")
+        for record in outcome.retries {
+            let size = record.value.count + (record.key?.count ?? 0) + record.headers.reduce(0) { $0 + $1.byteCount }
+            #expect(size <= limit, "a retry record of \(size) bytes")
+        }
+        #expect(outcome.results.count == tokens.count && Set(outcome.results.map(\.token)) == Set(tokens))
+        #expect(outcome.results.allSatisfy { $0.outcome == .failed && $0.attempts == 2 && $0.status == 503 })
         #expect(outcome.offsetsAtEnd)
     }
 }
