@@ -81,23 +81,30 @@ struct ReliablePublisher: Sendable {
     /// and are kept) go until the rest fit.
     static let shrunkHeaderBytes = 16 * 1024
 
-    /// `message` with its value cut to its first `shrunkValueBytes` and its headers to
-    /// `shrunkHeaderBytes`, with headers saying what was cut; nil when it is that small already.
+    /// `message` with its value cut to its first `shrunkValueBytes` (a DLQ copy already that
+    /// small: to half) and a DLQ copy's headers to `shrunkHeaderBytes`, with headers saying what
+    /// was cut; nil when there is nothing left to cut.
     private func shrunk(_ message: KafkaOutgoingMessage) -> KafkaOutgoingMessage? {
         var copy = message
         var changed = false
-        if message.value.count > Self.shrunkValueBytes {
+        // A DLQ copy is only kept for people to look at: refused again at 64 KiB with headers
+        // already trimmed (its topic's max.message.bytes is lower), it loses half of what is
+        // left each round rather than hold its record's partition forever.
+        let isDeadLetter = message.headers.contains { $0.key == DeadLetterHeaders.reasonKey }
+        let headersTrimmed = message.headers.reduce(0) { $0 + $1.byteCount } <= Self.shrunkHeaderBytes
+        var kept = min(message.value.count, Self.shrunkValueBytes)
+        if isDeadLetter, headersTrimmed, kept == message.value.count { kept /= 2 }
+        if kept < message.value.count {
             let original = message.headers.first { $0.key == Self.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
                 ?? String(message.value.count)
             copy.headers.removeAll { $0.key == Self.truncatedHeader }
             copy.headers.append(RecordHeader(Self.truncatedHeader, original))
-            copy.value = Array(message.value.prefix(Self.shrunkValueBytes))
+            copy.value = Array(message.value.prefix(kept))
             changed = true
         }
         var headerBytes = copy.headers.reduce(0) { $0 + $1.byteCount }
         // Only a DLQ copy's headers are trimmed: there the job's own come first and nothing
         // reads them again. A retry record's say which tokens and attempt it stands for.
-        let isDeadLetter = message.headers.contains { $0.key == DeadLetterHeaders.reasonKey }
         if isDeadLetter, headerBytes > Self.shrunkHeaderBytes {
             var dropped = 0
             while headerBytes > Self.shrunkHeaderBytes, let first = copy.headers.first {

@@ -75,6 +75,22 @@ struct ReliablePublisherTests {
         await producer.shutdown(flushTimeout: .seconds(2))
     }
 
+    @Test("a DLQ copy its topic refuses below 64 KiB loses half of what is left each round until it fits")
+    func smallDeadLetterIsHalvedUntilItFits() async throws {
+        // The producer's limit stands in for a DLQ topic whose max.message.bytes is 20,000.
+        let (cluster, client, producer, publisher) = try Self.publisher(topic: "dlq", logLevel: .critical, properties: ["message.max.bytes": "20000"])
+        defer { withExtendedLifetime(cluster) {} }
+        let copy = KafkaOutgoingMessage(topic: "dlq", value: [UInt8](repeating: 0x61, count: 50_000), headers: [RecordHeader("dlq-reason", "unknown app")])
+        let published = try await withTimeout(30, "the publish to finish") { await publisher.publish([copy]) }
+        #expect(published)
+
+        let record = try #require(try await Self.read(1, from: "dlq", client: client, logger: publisher.logger).first)
+        #expect(record.value.count == 12_500, "50,000 → 25,000 → 12,500 bytes")
+        #expect(record.headers.text(ReliablePublisher.truncatedHeader) == "50000", "the original size, not an intermediate one")
+        #expect(record.headers.text("dlq-reason") == "unknown app")
+        await producer.shutdown(flushTimeout: .seconds(2))
+    }
+
     @Test("a retry record refused as too large (its topic's limit below the producer's) goes out as records for half its tokens each")
     func tooLargeRetryRecordIsSplit() async throws {
         let retryTopic = TopicNames().retry
