@@ -234,12 +234,18 @@ extension RetryPathTests {
 }
 
 extension RetryPathTests {
-    @Test("a fan-out job's retry record is split into records within message.max.bytes, each token in one")
-    func retryRecordIsSplitToFit() async throws {
+    /// The simulator answering every request 503, and a quick retry policy: one attempt in
+    /// process, the rest from the retry topic.
+    static func alwaysUnavailable(maxAttempts: Int) -> (APNsSimulatorConfiguration.Behaviour, RetryPolicy) {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
         behaviour.serviceUnavailableRate = 1
+        return (behaviour, RetryPolicy(inProcessAttempts: 1, maxAttempts: maxAttempts, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50))
+    }
+
+    @Test("a fan-out job's retry record is split into records within message.max.bytes, each token in one")
+    func retryRecordIsSplitToFit() async throws {
         // One attempt in process, the second from the retry topic, then `failed`.
-        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 2, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        let (behaviour, retry) = Self.alwaysUnavailable(maxAttempts: 2)
         // 200 tokens make a 14 KB job and a 13 KB retry-tokens list: as one record, the job and
         // its list would be refused as too large and published again forever, holding the
         // partition's offset.
@@ -267,9 +273,7 @@ extension RetryPathTests {
 
     @Test("a token whose retry record cannot fit in message.max.bytes is failed, not published again forever")
     func retryRecordTooLargeGivesFailed() async throws {
-        var behaviour = APNsSimulatorConfiguration.Behaviour()
-        behaviour.serviceUnavailableRate = 1
-        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 5, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        let (behaviour, retry) = Self.alwaysUnavailable(maxAttempts: 5)
         // A job Kafka takes, but too close to the limit for the retry headers (about 250 bytes
         // with the token's list) to fit beside it.
         let token = InProcessFleet.token(1)
@@ -297,9 +301,7 @@ extension RetryPathTests {
 
     @Test("a retry record the topic refuses as too large, where halving its tokens cannot help, gives failed results")
     func retryTopicRefusesRecord() async throws {
-        var behaviour = APNsSimulatorConfiguration.Behaviour()
-        behaviour.serviceUnavailableRate = 1
-        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 5, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        let (behaviour, retry) = Self.alwaysUnavailable(maxAttempts: 5)
         // Jobs of one size that Kafka takes, whose retry records (the job, about 100 bytes of
         // headers and the token list) the topic refuses. The fan-out job's list is large enough
         // to be halved once; its halves are refused too, and halving again cannot help.
@@ -333,10 +335,8 @@ extension RetryPathTests {
 
     @Test("a JSON fan-out job's retry record the topic refuses as too large goes out as two records that fit")
     func refusedRetryRecordIsHalved() async throws {
-        var behaviour = APNsSimulatorConfiguration.Behaviour()
-        behaviour.serviceUnavailableRate = 1
         // The second attempt, from the retry topic, is the last.
-        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 2, baseDelayMilliseconds: 20, maxDelayMilliseconds: 50)
+        let (behaviour, retry) = Self.alwaysUnavailable(maxAttempts: 2)
         let tokens = (100..<200).map(InProcessFleet.token)
         let json = Self.paddedJob(id: "fan", tokens: tokens, bytes: 7000)
         // The record with all 100 tokens listed (6,500 bytes of list) is refused; one listing
