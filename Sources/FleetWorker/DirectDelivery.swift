@@ -101,15 +101,15 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         // least goes back.
         guard let message else { return abandon() }
         let progress = [notification.token: progress]
-        let messages: [KafkaOutgoingMessage]
-        if error.rdKafkaCode == KafkaError.messageSizeTooLargeCode {
-            // Refused for good as it is (a retry record its topic finds too large): what stands
-            // for it goes out instead, without a round of the same refusal first.
-            messages = worker.replaceTooLarge(message, for: record, progress: progress) ?? [message]
-        } else {
-            messages = [message]
+        // A retry record its topic refuses as too large is refused for good as it is: what stands
+        // for it goes out instead. Anything else goes out again (cut short by the publisher if
+        // it is refused as too large once more).
+        let replacements = error.rdKafkaCode == KafkaError.messageSizeTooLargeCode
+            ? worker.replaceTooLarge(message, for: record, progress: progress) : nil
+        if replacements == nil {
             worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
         }
+        let messages = replacements ?? [message]
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and
             // is redone after its partition moves (duplicates allowed, losses not).

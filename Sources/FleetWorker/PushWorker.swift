@@ -416,8 +416,6 @@ public final class PushWorker: Service, Sendable {
     /// What librdkafka counts against `message.max.bytes` besides the value, key and headers:
     /// the record's own fields (at most 36 bytes in librdkafka 2.0.2), with room to spare.
     static let recordOverheadBytes = 64
-    /// Besides a header's name and value: their two length fields (varints, at most 5 bytes each).
-    static let headerOverheadBytes = 10
 
     /// The job again, for `apns.jobs.retry`: the tokens still to send and when, split over as
     /// many records as it takes to keep each within the producer's `message.max.bytes` (a
@@ -434,7 +432,7 @@ public final class PushWorker: Service, Sendable {
         let maximumBytes = configuration.fleet.kafka.producerMessageMaxBytes
         // The list's own header counts here without its value, which is what the budget is for.
         let fixedBytes = Self.recordOverheadBytes + record.value.count + (record.key?.count ?? 0)
-            + headers.reduce(0) { $0 + $1.byteCount + Self.headerOverheadBytes } + JobIntake.retryTokensKey.utf8.count + Self.headerOverheadBytes
+            + headers.reduce(0) { $0 + $1.byteCount + ReliablePublisher.headerOverheadBytes } + JobIntake.retryTokensKey.utf8.count + ReliablePublisher.headerOverheadBytes
         let listBudget = maximumBytes - fixedBytes
         var messages: [KafkaOutgoingMessage] = []
         var list: [UInt8] = []

@@ -81,47 +81,48 @@ struct ReliablePublisher: Sendable {
     /// and are kept) go until the rest fit.
     static let shrunkHeaderBytes = 16 * 1024
 
-    /// `message` with its value cut to its first `shrunkValueBytes` (a DLQ copy already that
-    /// small: to half) and a DLQ copy's headers to `shrunkHeaderBytes`, with headers saying what
-    /// was cut; nil when there is nothing left to cut.
+    /// `message` made smaller by one step, with headers saying what was cut; nil when nothing
+    /// may be cut. Any message's value is cut to its first `shrunkValueBytes`. A DLQ copy is
+    /// only kept for people to read, so when its topic's max.message.bytes is lower still, each
+    /// further round cuts more of it rather than hold its record's partition forever: first the
+    /// job's own headers until they fit in `shrunkHeaderBytes`, then half of what is left of the
+    /// value, at last every job header. The worker's `dlq-*`/`source-*` headers always stay.
     private func shrunk(_ message: KafkaOutgoingMessage) -> KafkaOutgoingMessage? {
         var copy = message
-        var changed = false
-        // A DLQ copy is only kept for people to look at: refused again at 64 KiB with headers
-        // already trimmed (its topic's max.message.bytes is lower), it loses half of what is
-        // left each round rather than hold its record's partition forever.
         let isDeadLetter = message.headers.contains { $0.key == DeadLetterHeaders.reasonKey }
-        let headersTrimmed = message.headers.reduce(0) { $0 + $1.byteCount } <= Self.shrunkHeaderBytes
-        var kept = min(message.value.count, Self.shrunkValueBytes)
-        if isDeadLetter, headersTrimmed, kept == message.value.count { kept /= 2 }
-        if kept < message.value.count {
-            let original = message.headers.first { $0.key == Self.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
-                ?? String(message.value.count)
-            copy.headers.removeAll { $0.key == Self.truncatedHeader }
-            copy.headers.append(RecordHeader(Self.truncatedHeader, original))
-            copy.value = Array(message.value.prefix(kept))
-            changed = true
+        let jobHeaderBytes = message.headers.reduce(0) { Self.isJobHeader($1) ? $0 + $1.byteCount + Self.headerOverheadBytes : $0 }
+        if message.value.count > Self.shrunkValueBytes {
+            copy.cutValue(to: Self.shrunkValueBytes)
+        } else if !isDeadLetter {
+            return nil
+        } else if jobHeaderBytes > Self.shrunkHeaderBytes {
+            copy.dropJobHeaders(whileOver: Self.shrunkHeaderBytes)
+        } else if !message.value.isEmpty {
+            copy.cutValue(to: message.value.count / 2)
+        } else if jobHeaderBytes > 0 {
+            copy.dropJobHeaders(whileOver: 0)
+        } else {
+            return nil
         }
-        var headerBytes = copy.headers.reduce(0) { $0 + $1.byteCount }
-        // Only a DLQ copy's headers are trimmed: there the job's own come first and nothing
-        // reads them again. A retry record's say which tokens and attempt it stands for.
-        if isDeadLetter, headerBytes > Self.shrunkHeaderBytes {
-            var dropped = 0
-            while headerBytes > Self.shrunkHeaderBytes, let first = copy.headers.first {
-                headerBytes -= first.byteCount
-                copy.headers.removeFirst()
-                dropped += 1
-            }
-            copy.headers.append(RecordHeader(Self.headersDroppedHeader, String(dropped)))
-            changed = true
-        }
-        guard changed else { return nil }
         logger.warning("message too large for Kafka; publishing it cut short", metadata: [
             "kafka.topic": "\(message.topic)", "kafka.bytes": "\(message.value.count)", "kafka.kept_bytes": "\(copy.value.count)",
             "kafka.headers": "\(message.headers.count)", "kafka.kept_headers": "\(copy.headers.count)",
         ])
         return copy
     }
+
+    /// Whether a DLQ copy's header is the job's own (not the worker's reason, source or marks).
+    fileprivate static func isJobHeader(_ header: RecordHeader) -> Bool {
+        !workerHeaderKeys.contains(header.key)
+    }
+
+    private static let workerHeaderKeys: Set<String> = [
+        DeadLetterHeaders.reasonKey, DeadLetterHeaders.sourceTopicKey, DeadLetterHeaders.sourcePartitionKey,
+        DeadLetterHeaders.sourceOffsetKey, truncatedHeader, headersDroppedHeader,
+    ]
+
+    /// Besides a header's name and value: their two length fields (varints, at most 5 bytes each).
+    static let headerOverheadBytes = 10
 
     /// Header of a message whose value was cut short: the original length in bytes.
     static let truncatedHeader = "apns-fleet-truncated-from"
@@ -231,4 +232,32 @@ private final class GroupDelivery: Sendable {
     }
 
     var failures: [(index: Int, error: KafkaError)] { state.withLock { $0.failures } }
+}
+
+extension KafkaOutgoingMessage {
+    /// Keeps the value's first `count` bytes; the truncation header keeps the original size.
+    fileprivate mutating func cutValue(to count: Int) {
+        let original = headers.first { $0.key == ReliablePublisher.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
+            ?? String(value.count)
+        headers.removeAll { $0.key == ReliablePublisher.truncatedHeader }
+        headers.append(RecordHeader(ReliablePublisher.truncatedHeader, original))
+        value = Array(value.prefix(count))
+    }
+
+    /// Drops job headers, first to last, until theirs and the count's header fit in `budget`
+    /// bytes; the count adds up over rounds.
+    fileprivate mutating func dropJobHeaders(whileOver budget: Int) {
+        var dropped = headers.first { $0.key == ReliablePublisher.headersDroppedHeader }?.value
+            .flatMap { Int(String(decoding: $0, as: UTF8.self)) } ?? 0
+        headers.removeAll { $0.key == ReliablePublisher.headersDroppedHeader }
+        // Room for the count's own header, whatever its digits.
+        let markBytes = ReliablePublisher.headersDroppedHeader.utf8.count + 20 + ReliablePublisher.headerOverheadBytes
+        var bytes = headers.reduce(0) { ReliablePublisher.isJobHeader($1) ? $0 + $1.byteCount + ReliablePublisher.headerOverheadBytes : $0 }
+        while bytes > 0, bytes + markBytes > budget, let index = headers.firstIndex(where: ReliablePublisher.isJobHeader) {
+            bytes -= headers[index].byteCount + ReliablePublisher.headerOverheadBytes
+            headers.remove(at: index)
+            dropped += 1
+        }
+        headers.append(RecordHeader(ReliablePublisher.headersDroppedHeader, String(dropped)))
+    }
 }

@@ -91,6 +91,24 @@ struct ReliablePublisherTests {
         await producer.shutdown(flushTimeout: .seconds(2))
     }
 
+    @Test("a DLQ copy refused with many small headers loses them, then its value, then the rest of its own headers, keeping the worker's")
+    func deadLetterHeadersAreCutInSteps() async throws {
+        let (cluster, client, producer, publisher) = try Self.publisher(topic: "dlq", logLevel: .critical, properties: ["message.max.bytes": "10000"])
+        defer { withExtendedLifetime(cluster) {} }
+        let own = (0..<1500).map { RecordHeader("h", "value-\($0)") }
+        let worker = [RecordHeader("dlq-reason", "malformed JSON"), RecordHeader("source-topic", "apns.jobs")]
+        let copy = KafkaOutgoingMessage(topic: "dlq", value: [UInt8](repeating: 0x61, count: 3000), headers: own + worker)
+        let published = try await withTimeout(30, "the publish to finish") { await publisher.publish([copy]) }
+        #expect(published)
+
+        let record = try #require(try await Self.read(1, from: "dlq", client: client, logger: publisher.logger).first)
+        #expect(record.headers.text("dlq-reason") == "malformed JSON" && record.headers.text("source-topic") == "apns.jobs")
+        #expect(record.headers.filter { $0.key == ReliablePublisher.headersDroppedHeader }.count == 1, "one count, added up over the rounds")
+        #expect(record.headers.text(ReliablePublisher.headersDroppedHeader) == "1500")
+        #expect(record.value.isEmpty && record.headers.text(ReliablePublisher.truncatedHeader) == "3000")
+        await producer.shutdown(flushTimeout: .seconds(2))
+    }
+
     @Test("a retry record refused as too large (its topic's limit below the producer's) goes out as records for half its tokens each")
     func tooLargeRetryRecordIsSplit() async throws {
         let retryTopic = TopicNames().retry
