@@ -471,7 +471,7 @@ public final class PushWorker: Service, Sendable {
             let index = message.headers.firstIndex(where: { $0.key == JobIntake.retryTokensKey }),
             let list = message.headers[index].value
         else { return nil }
-        let rest = message.value.count + (message.key?.count ?? 0) + message.headers.reduce(0) { $0 + $1.byteCount } - list.count
+        let rest = message.contentBytes - list.count
         // Each round halves the list, so this bounds the parts to about 4 × list / rest and the
         // bytes sent to a few times the record's. A JSON fan-out job names each token in its
         // value too, so its list is never larger than the rest: halving it once or twice is what
@@ -690,8 +690,7 @@ public final class PushWorker: Service, Sendable {
         case .rejected(let rejected): return rejectionMessages(rejected, record: record)
         }
         let lastReason = message.headers.text(RetryHeaders.lastReasonKey) ?? "none"
-        let bytes = message.value.count + (message.key?.count ?? 0) + message.headers.reduce(0) { $0 + $1.byteCount }
-        let reason = "\(lastReason); no retry: the retry topic refused the job's retry record (\(bytes) bytes) as too large for its max.message.bytes"
+        let reason = "\(lastReason); no retry: the retry topic refused the job's retry record (\(message.contentBytes) bytes) as too large for its max.message.bytes"
         Counter(label: "apns.worker.retries.refused", dimensions: [("app", job.appName)]).increment(by: job.tokens.count)
         return job.tokens.map { token in
             resultMessage(noRetry(

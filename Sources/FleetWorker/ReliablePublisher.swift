@@ -90,7 +90,7 @@ struct ReliablePublisher: Sendable {
     private func shrunk(_ message: KafkaOutgoingMessage) -> KafkaOutgoingMessage? {
         var copy = message
         let isDeadLetter = message.headers.contains { $0.key == DeadLetterHeaders.reasonKey }
-        let jobHeaderBytes = message.headers.reduce(0) { Self.isJobHeader($1) ? $0 + $1.byteCount + Self.headerOverheadBytes : $0 }
+        let jobHeaderBytes = message.jobHeaderBytes
         if message.value.count > Self.shrunkValueBytes {
             copy.cutValue(to: Self.shrunkValueBytes)
         } else if !isDeadLetter {
@@ -235,6 +235,11 @@ private final class GroupDelivery: Sendable {
 }
 
 extension KafkaOutgoingMessage {
+    /// A DLQ copy's own job headers, with their length fields, in bytes.
+    fileprivate var jobHeaderBytes: Int {
+        headers.reduce(0) { ReliablePublisher.isJobHeader($1) ? $0 + $1.byteCount + ReliablePublisher.headerOverheadBytes : $0 }
+    }
+
     /// Keeps the value's first `count` bytes; the truncation header keeps the original size.
     fileprivate mutating func cutValue(to count: Int) {
         let original = headers.first { $0.key == ReliablePublisher.truncatedHeader }?.value.map { String(decoding: $0, as: UTF8.self) }
@@ -252,7 +257,7 @@ extension KafkaOutgoingMessage {
         headers.removeAll { $0.key == ReliablePublisher.headersDroppedHeader }
         // Room for the count's own header, whatever its digits.
         let markBytes = ReliablePublisher.headersDroppedHeader.utf8.count + 20 + ReliablePublisher.headerOverheadBytes
-        var bytes = headers.reduce(0) { ReliablePublisher.isJobHeader($1) ? $0 + $1.byteCount + ReliablePublisher.headerOverheadBytes : $0 }
+        var bytes = jobHeaderBytes
         while bytes > 0, bytes + markBytes > budget, let index = headers.firstIndex(where: ReliablePublisher.isJobHeader) {
             bytes -= headers[index].byteCount + ReliablePublisher.headerOverheadBytes
             headers.remove(at: index)

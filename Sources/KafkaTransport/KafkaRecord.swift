@@ -93,6 +93,21 @@ public struct KafkaOutgoingMessage: Sendable {
     }
 }
 
+extension KafkaRecord {
+    /// Its value, key and headers together (names and values), in bytes.
+    public var contentBytes: Int { contentByteCount(key: key, value: value, headers: headers) }
+}
+
+extension KafkaOutgoingMessage {
+    /// Its value, key and headers together (names and values), in bytes: what counts against
+    /// `message.max.bytes` besides the record's own fields and the headers' length fields.
+    public var contentBytes: Int { contentByteCount(key: key, value: value, headers: headers) }
+}
+
+private func contentByteCount(key: [UInt8]?, value: [UInt8], headers: [RecordHeader]) -> Int {
+    value.count + (key?.count ?? 0) + headers.reduce(0) { $0 + $1.byteCount }
+}
+
 /// Where a produced message was written.
 public struct KafkaDeliveryReport: Sendable, Hashable {
     public var topic: String

@@ -258,7 +258,7 @@ extension RetryPathTests {
         #expect(outcome.retries.count >= 3, "\(outcome.retries.count) retry records")
         var named: [String] = []
         for record in outcome.retries {
-            let bytes = record.value.count + (record.key?.count ?? 0) + record.headers.reduce(0) { $0 + $1.byteCount }
+            let bytes = record.contentBytes
             #expect(bytes <= limit, "a retry record of \(bytes) bytes")
             #expect(record.headers.text("job-id") == "wide")
             named += (record.headers.text("retry-tokens") ?? "").split(separator: ",").map(String.init)
@@ -349,7 +349,7 @@ extension RetryPathTests {
         #expect(lists.map(\.count).sorted() == [50, 50])
         #expect(lists.flatMap { $0 }.sorted() == tokens.sorted(), "each token in exactly one record")
         for record in outcome.retries {
-            let size = record.value.count + (record.key?.count ?? 0) + record.headers.reduce(0) { $0 + $1.byteCount }
+            let size = record.contentBytes
             #expect(size <= limit, "a retry record of \(size) bytes")
         }
         #expect(outcome.results.count == tokens.count && Set(outcome.results.map(\.token)) == Set(tokens))
