@@ -59,6 +59,15 @@ public final class APNsClientPool: Service, Sendable {
         var lastConnectError: APNsClientError?
         var shutdownRequested = false
         var shutdownWaiters: [UnsafeContinuation<Void, Never>] = []
+        /// `expireWaiters`, parked while no one waits for a stream.
+        var parkedSweeper: UnsafeContinuation<Void, Never>?
+
+        /// Queues `waiter` until `deadline`; returns the sweeper to wake if it was parked.
+        mutating func enqueue(_ waiter: Waiter, deadline: NIODeadline) -> UnsafeContinuation<Void, Never>? {
+            assignment.enqueue(waiter, deadline: deadline.uptimeNanoseconds)
+            defer { parkedSweeper = nil }
+            return parkedSweeper
+        }
     }
 
     private let state: Mutex<State>
@@ -126,12 +135,12 @@ public final class APNsClientPool: Service, Sendable {
     }
 
     private func submit(_ request: APNsRequest) {
-        let immediate = state.withLock { state -> Lease? in
-            if let lease = Self.immediateLease(&state) { return lease }
-            if request.waitsUntil <= .now() { return .timeout }
-            state.assignment.enqueue(.submitted(request), deadline: request.waitsUntil.uptimeNanoseconds)
-            return nil
+        let (immediate, sweeper) = state.withLock { state -> (Lease?, UnsafeContinuation<Void, Never>?) in
+            if let lease = Self.immediateLease(&state) { return (lease, nil) }
+            if request.waitsUntil <= .now() { return (.timeout, nil) }
+            return (nil, state.enqueue(.submitted(request), deadline: request.waitsUntil))
         }
+        sweeper?.resume()
         if let immediate { serve(.submitted(request), with: immediate) }
     }
 
@@ -190,22 +199,33 @@ public final class APNsClientPool: Service, Sendable {
         if let immediate { return immediate }
         if deadline <= .now() { return .timeout }
         return await withUnsafeContinuation { (continuation: UnsafeContinuation<Lease, Never>) in
-            state.withLock { state in
+            let sweeper = state.withLock { state -> UnsafeContinuation<Void, Never>? in
                 if let immediate = Self.immediateLease(&state) {
                     continuation.resume(returning: immediate)
-                    return
+                    return nil
                 }
                 // Given up by `expireWaiters`, at most `deadlineCheckInterval` after the deadline.
-                state.assignment.enqueue(.caller(continuation), deadline: deadline.uptimeNanoseconds)
-                metrics.recordWaiting(state.assignment.waiterCount)
+                defer { metrics.recordWaiting(state.assignment.waiterCount) }
+                return state.enqueue(.caller(continuation), deadline: deadline)
             }
+            sweeper?.resume()
         }
     }
 
     /// Tells waiters whose deadline passed that no stream freed up in time. One sweep per pool,
-    /// every `deadlineCheckInterval`, instead of a timer per waiting request.
+    /// every `deadlineCheckInterval` while anyone waits, instead of a timer per waiting request;
+    /// parked while no one does (an idle pool used to wake 50 times a second for nothing), until
+    /// the next waiter or the shutdown.
     private func expireWaiters() async {
         while !isShuttingDown {
+            await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+                let goOn = state.withLock { state -> Bool in
+                    if state.shutdownRequested || state.assignment.waiterCount > 0 { return true }
+                    state.parkedSweeper = continuation
+                    return false
+                }
+                if goOn { continuation.resume() }
+            }
             try? await Task.sleep(for: configuration.deadlineCheckInterval)
             let now = NIODeadline.now().uptimeNanoseconds
             let expired = state.withLock { $0.assignment.expire(now: now) }
@@ -313,8 +333,10 @@ public final class APNsClientPool: Service, Sendable {
             guard !state.shutdownRequested else { return ([], []) }
             state.shutdownRequested = true
             let waiters = state.assignment.shutdown()
-            let shutdownWaiters = state.shutdownWaiters
+            var shutdownWaiters = state.shutdownWaiters
             state.shutdownWaiters.removeAll()
+            if let sweeper = state.parkedSweeper { shutdownWaiters.append(sweeper) }
+            state.parkedSweeper = nil
             return (waiters, shutdownWaiters)
         }
         for waiter in waiters { serve(waiter, with: .shutdown) }

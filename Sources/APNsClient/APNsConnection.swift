@@ -119,6 +119,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var lastRead = NIODeadline.now()
     @exclusivity(unchecked) private var pingSentAt: NIODeadline?
     @exclusivity(unchecked) private var sweepTask: Scheduled<Void>?
+    /// Whether the next sweep was scheduled at the idle pace (see `scheduleSweep`).
+    @exclusivity(unchecked) private var sweepIsIdle = false
     @exclusivity(unchecked) private var drainDeadline: NIODeadline?
     /// When the session was told to end with a GOAWAY (`closeIfDrained`).
     @exclusivity(unchecked) private var terminatedAt: NIODeadline?
@@ -334,6 +336,7 @@ final class APNsConnection: @unchecked Sendable {
         }
         batch.removeAll(keepingCapacity: true)
         spareBatch = batch
+        if sweepIsIdle, !streams.isEmpty { sweepSoon() }
         session?.flush()
         flushCompletions()
     }
@@ -675,6 +678,7 @@ final class APNsConnection: @unchecked Sendable {
             drainDeadline = deadline
             becomeUnusable()
             closeIfDrained()
+            sweepSoon()
         }
     }
 
@@ -696,6 +700,7 @@ final class APNsConnection: @unchecked Sendable {
             // then the driver closes the connection.
             terminatedAt = now
             session.flush()
+            sweepSoon()
             return
         }
         // Without a session, past the drain deadline, or with a peer that does not read (the
@@ -737,11 +742,31 @@ final class APNsConnection: @unchecked Sendable {
 
     // MARK: Deadlines and PING
 
+    /// While streams are open or the connection is closing, deadlines are checked every
+    /// `deadlineCheckInterval`. An idle connection has only its PING to look after, so its next
+    /// sweep waits until that is due, at most a second: idle connections used to wake the event
+    /// loop 50 times a second each. Work arriving brings the sweep forward (`sweepSoon`).
     private func scheduleSweep() {
-        sweepTask = eventLoop.scheduleTask(in: TimeAmount(configuration.deadlineCheckInterval)) { [self] in
-            sweep()
-            if !closed { scheduleSweep() }
+        let fast = TimeAmount(configuration.deadlineCheckInterval)
+        var delay = fast
+        sweepIsIdle = streams.isEmpty && drainDeadline == nil && terminatedAt == nil
+        if sweepIsIdle {
+            let pingDue = pingSentAt.map { $0 + TimeAmount(configuration.pingTimeout) } ?? lastRead + TimeAmount(configuration.pingInterval)
+            delay = min(max(pingDue - .now(), fast), .seconds(1))
         }
+        sweepTask = eventLoop.scheduleTask(in: delay) { [self] in
+            sweepTask = nil
+            sweep()
+            // `sweep` may have scheduled the next one already (through `sweepSoon`).
+            if !closed, sweepTask == nil { scheduleSweep() }
+        }
+    }
+
+    /// Brings an idle connection's next sweep forward to the deadline pace.
+    private func sweepSoon() {
+        guard sweepIsIdle, !closed, session != nil else { return }
+        sweepTask?.cancel()
+        scheduleSweep()
     }
 
     private func sweep() {
