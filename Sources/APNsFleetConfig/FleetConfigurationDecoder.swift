@@ -8,13 +8,7 @@ struct FleetConfigurationDecoder {
     func decode() throws(ConfigurationError) -> FleetConfiguration {
         var configuration = FleetConfiguration()
         configuration.kafka = try kafka()
-        configuration.topics = TopicNames(
-            jobs: try name("topics.jobs", default: configuration.topics.jobs),
-            retry: try name("topics.retry", default: configuration.topics.retry),
-            deadLetter: try name("topics.dlq", default: configuration.topics.deadLetter),
-            results: try name("topics.results", default: configuration.topics.results),
-            tokenEvents: try name("topics.token-events", default: configuration.topics.tokenEvents)
-        )
+        configuration.topics = try topics(defaults: configuration.topics)
         let names = try stringList("apps")
         var seen = Set<String>()
         var variableNames: [String: String] = [:]
@@ -48,6 +42,7 @@ struct FleetConfigurationDecoder {
         for appName in names {
             configuration.apps.append(try app(appName))
         }
+        try checkTopicRouting(configuration.apps)
         configuration.defaultApp = try string("default-app")
         if let defaultApp = configuration.defaultApp, !seen.contains(defaultApp) {
             throw ConfigurationError(key: "default-app", "names app \(defaultApp), which is not in apps")
@@ -120,6 +115,7 @@ struct FleetConfigurationDecoder {
                 throw ConfigurationError(key: "kafka.sasl.password-file", "give kafka.sasl.password or kafka.sasl.password-file, not both")
             }
             kafka.saslPassword = try SecretFile.read(file, key: "kafka.sasl.password-file")
+            kafka.saslPasswordFile = file
         }
         if kafka.securityProtocol.usesSASL {
             guard kafka.saslMechanism != nil else {
@@ -154,6 +150,7 @@ struct FleetConfigurationDecoder {
         let authentication: AppConfiguration.Authentication
         switch try string(key("auth")) ?? "token" {
         case "token":
+            try refuseIgnored(["certificate-file", "private-key-file", "pkcs12-file", "certificate-password"].map(key), because: "\(key("auth")) is token")
             guard let keyFile = try string(key("key-file")) else {
                 throw ConfigurationError(key: key("key-file"), "is required for token auth (the .p8 signing key)")
             }
@@ -163,8 +160,10 @@ struct FleetConfigurationDecoder {
             try checkAppleID(teamID, key: key("team-id"))
             authentication = .token(keyFile: keyFile, keyID: keyID, teamID: teamID)
         case "certificate":
+            try refuseIgnored(["key-file", "key-id", "team-id"].map(key), because: "\(key("auth")) is certificate")
             let password = try secret(key("certificate-password"))
             if let bundle = try string(key("pkcs12-file")) {
+                try refuseIgnored(["certificate-file", "private-key-file"].map(key), because: "\(key("pkcs12-file")) is set; give either the PKCS#12 bundle or the PEM files")
                 authentication = .certificate(.pkcs12(file: bundle, password: password))
             } else if let certificate = try string(key("certificate-file")) {
                 guard let privateKey = try string(key("private-key-file")) else {
@@ -194,12 +193,12 @@ struct FleetConfigurationDecoder {
         let environmentName = try string(key("environment")) ?? "production"
         let endpoint: AppConfiguration.Endpoint
         switch environmentName {
-        case "production":
-            endpoint = .production
-            defaults.environment = .production
-        case "sandbox":
-            endpoint = .sandbox
-            defaults.environment = .sandbox
+        case "production", "sandbox":
+            // Without `environment: custom` these would be ignored and the jobs would go to
+            // Apple: a simulator's host and port left in a configuration must not do that.
+            try refuseIgnored([key("host"), key("port")], because: "\(key("environment")) is \(environmentName); set it to custom to send to this host")
+            endpoint = environmentName == "production" ? .production : .sandbox
+            defaults.environment = environmentName == "production" ? .production : .sandbox
         case "custom":
             guard let host = try string(key("host")) else {
                 throw ConfigurationError(key: key("host"), "is required with environment custom")
@@ -238,7 +237,7 @@ struct FleetConfigurationDecoder {
             name: appName,
             authentication: authentication,
             defaults: defaults,
-            topics: try stringList(key("topics")),
+            topics: try routedTopics(key("topics")),
             endpoint: endpoint,
             environments: try environments(key("environments"), endpoint: endpoint, transport: transport, environmentKey: key("environment")),
             connections: try int(key("connections"), default: 2, range: 1...64),
@@ -315,6 +314,77 @@ struct FleetConfigurationDecoder {
         let value = try string(key) ?? defaultValue
         guard !value.contains(where: { $0.isWhitespace || $0.asciiValue.map { $0 < 0x20 } == true }) else {
             throw ConfigurationError(key: key, "must not contain spaces or control characters")
+        }
+        return value
+    }
+
+    /// A key the chosen mode does not read is an error rather than silently ignored.
+    private func refuseIgnored(_ keys: [String], because reason: String) throws(ConfigurationError) {
+        for key in keys where try string(key) != nil {
+            throw ConfigurationError(key: key, "is set but not used: \(reason)")
+        }
+    }
+
+    /// `app.<name>.topics`: each entry an APNs topic as a job's `topic` would be checked.
+    private func routedTopics(_ key: String) throws(ConfigurationError) -> [String] {
+        let topics = try stringList(key)
+        for (index, topic) in topics.enumerated() {
+            do {
+                _ = try JobRules.topic(topic)
+            } catch {
+                throw ConfigurationError(key: key, "entry \(index + 1): \(error.message)")
+            }
+        }
+        return topics
+    }
+
+    /// A topic listed in one app's `topics` routes jobs that name no app there; if another app
+    /// lists it too, or has it as its default `topic`, which app gets the job would depend on
+    /// the order of `apps`. (Two apps may share a default topic: a production and a sandbox
+    /// credential set for one bundle; their jobs name the app.)
+    private func checkTopicRouting(_ apps: [AppConfiguration]) throws(ConfigurationError) {
+        for app in apps {
+            for topic in app.topics {
+                if let other = apps.first(where: { $0.name != app.name && ($0.topics.contains(topic) || $0.defaults.topic == topic) }) {
+                    throw ConfigurationError(
+                        key: "app.\(app.name).topics",
+                        "routes topic \(topic) to app \(app.name), but app \(other.name) claims it too; a topic may route to one app only"
+                    )
+                }
+            }
+        }
+    }
+
+    /// The five topics: each a name Kafka accepts, and no two the same. A shared name loops:
+    /// `topics.dlq: apns.jobs` would read every DLQ copy back as a job, reject it again, and
+    /// publish it again, forever.
+    private func topics(defaults: TopicNames) throws(ConfigurationError) -> TopicNames {
+        let topics = TopicNames(
+            jobs: try topicName("topics.jobs", default: defaults.jobs),
+            retry: try topicName("topics.retry", default: defaults.retry),
+            deadLetter: try topicName("topics.dlq", default: defaults.deadLetter),
+            results: try topicName("topics.results", default: defaults.results),
+            tokenEvents: try topicName("topics.token-events", default: defaults.tokenEvents)
+        )
+        let keys = ["topics.jobs", "topics.retry", "topics.dlq", "topics.results", "topics.token-events"]
+        var owners: [String: String] = [:]
+        for (key, topic) in zip(keys, topics.all) {
+            if let other = owners.updateValue(key, forKey: topic) {
+                throw ConfigurationError(key: key, "is \(topic), the same topic as \(other); each of the five topics must be its own")
+            }
+        }
+        return topics
+    }
+
+    /// A Kafka topic name: 1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or `..` (Kafka's own rule,
+    /// checked here so that the error names the key rather than surfacing from librdkafka).
+    private func topicName(_ key: String, default defaultValue: String) throws(ConfigurationError) -> String {
+        let value = try name(key, default: defaultValue)
+        if let bad = value.unicodeScalars.first(where: { !(("0"..."9").contains($0) || ("a"..."z").contains($0) || ("A"..."Z").contains($0) || $0 == "." || $0 == "_" || $0 == "-") }) {
+            throw ConfigurationError(key: key, "is \"\(value.prefix(60))\"; a Kafka topic name may only use letters, digits, '.', '_' and '-', not '\(bad)'")
+        }
+        guard value.utf8.count <= 249, value != ".", value != ".." else {
+            throw ConfigurationError(key: key, "is not a Kafka topic name: at most 249 characters, and not '.' or '..'")
         }
         return value
     }

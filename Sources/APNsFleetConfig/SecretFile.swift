@@ -35,8 +35,8 @@ public enum SecretFile {
         return Secret(text)
     }
 
-    /// Warnings for key files that other users can read: a leaked .p8 key lets anyone push to
-    /// every app of the team.
+    /// Warnings for key and password files that other users can read: a leaked .p8 key lets
+    /// anyone push to every app of the team.
     public static func permissionWarnings(for configuration: FleetConfiguration) -> [String] {
         var warnings: [String] = []
         for app in configuration.apps {
@@ -53,10 +53,8 @@ public enum SecretFile {
                 if let warning = worldReadableWarning(path: path, key: key) { warnings.append(warning) }
             }
         }
-        if let keyFile = configuration.kafka.sslKeyFile,
-            let warning = worldReadableWarning(path: keyFile, key: "kafka.ssl.key-file")
-        {
-            warnings.append(warning)
+        for (key, path) in [("kafka.ssl.key-file", configuration.kafka.sslKeyFile), ("kafka.sasl.password-file", configuration.kafka.saslPasswordFile)] {
+            if let path, let warning = worldReadableWarning(path: path, key: key) { warnings.append(warning) }
         }
         return warnings
     }

@@ -191,6 +191,32 @@ struct ConfigurationLoaderTests {
              "configuration key 'worker.drain-timeout-seconds': is 400.0 s; it must stay at least 30 s below Kafka's max.poll.interval.ms (300000 ms), or a revocation's drain outlasts the poll interval and the worker is dropped from the group mid-drain"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "delivery.report.only.error=true"],
              "configuration key 'kafka.properties': delivery.report.only.error cannot be set here: a job's offset is stored only once the delivery reports of its results arrive, successes included"),
+            // Two topics with one name would loop: a DLQ copy read back as a job, forever.
+            (["APNS_FLEET_TOPICS_DLQ": "apns.jobs"],
+             "configuration key 'topics.dlq': is apns.jobs, the same topic as topics.jobs; each of the five topics must be its own"),
+            (["APNS_FLEET_TOPICS_RESULTS": "apns.jobs.retry"],
+             "configuration key 'topics.results': is apns.jobs.retry, the same topic as topics.retry; each of the five topics must be its own"),
+            (["APNS_FLEET_TOPICS_JOBS": "apns/jobs:x"],
+             "configuration key 'topics.jobs': is \"apns/jobs:x\"; a Kafka topic name may only use letters, digits, '.', '_' and '-', not '/'"),
+            (["APNS_FLEET_TOPICS_RETRY": ".."], "configuration key 'topics.retry': is not a Kafka topic name: at most 249 characters, and not '.' or '..'"),
+            // Settings the chosen mode would ignore: a simulator's host left in without
+            // `environment: custom` would send the jobs to Apple.
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_HOST": "simulator"],
+             "configuration key 'app.a.host': is set but not used: app.a.environment is production; set it to custom to send to this host"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_ENVIRONMENT": "sandbox", "APNS_FLEET_APP_A_PORT": "2197"],
+             "configuration key 'app.a.port': is set but not used: app.a.environment is sandbox; set it to custom to send to this host"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem"],
+             "configuration key 'app.a.certificate-file': is set but not used: app.a.auth is token"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG"],
+             "configuration key 'app.a.key-id': is set but not used: app.a.auth is certificate"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_PKCS12_FILE": "/c.p12", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem"],
+             "configuration key 'app.a.certificate-file': is set but not used: app.a.pkcs12-file is set; give either the PKCS#12 bundle or the PEM files"),
+            // Topic routing: entries are checked, and a topic routes to one app only.
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_TOPICS": "com.example.app,bad topic\u{1}"],
+             "configuration key 'app.a.topics': entry 2: topic contains control character U+0001 at position 10"),
+            (["APNS_FLEET_APPS": "a,b", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_TOPICS": "com.example.app",
+              "APNS_FLEET_APP_B_KEY_FILE": "/k.p8", "APNS_FLEET_APP_B_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_B_TEAM_ID": "XYZ123GHIJ", "APNS_FLEET_APP_B_TOPIC": "com.example.app"],
+             "configuration key 'app.a.topics': routes topic com.example.app to app a, but app b claims it too; a topic may route to one app only"),
         ]
     )
     func errors(environment: [String: String], message: String) async {
@@ -277,6 +303,15 @@ struct ConfigurationLoaderTests {
         let warnings = SecretFile.permissionWarnings(for: configuration)
         #expect(warnings == ["app.a.key-file: \(key) is readable by every user (mode 644); run chmod 600 on it"])
         try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: key)
+        #expect(SecretFile.permissionWarnings(for: configuration).isEmpty)
+    }
+
+    @Test("a world-readable SASL password file is warned about")
+    func worldReadablePasswordFile() async throws {
+        let path = try temporaryFile("sasl-password", "secret\n", mode: 0o644)
+        let configuration = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SASL_PASSWORD_FILE": path]).load()
+        #expect(SecretFile.permissionWarnings(for: configuration) == ["kafka.sasl.password-file: \(path) is readable by every user (mode 644); run chmod 600 on it"])
+        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: path)
         #expect(SecretFile.permissionWarnings(for: configuration).isEmpty)
     }
 

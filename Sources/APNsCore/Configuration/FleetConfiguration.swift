@@ -109,6 +109,8 @@ public struct KafkaSettings: Sendable {
     public var saslMechanism: SASLMechanism?
     public var saslUsername: String?
     public var saslPassword: Secret?
+    /// Where `saslPassword` was read from, if from a file (for the permission warning).
+    public var saslPasswordFile: String?
     public var sslCAFile: String?
     public var sslCertificateFile: String?
     public var sslKeyFile: String?
