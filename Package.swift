@@ -48,9 +48,11 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.3.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        // Within 1.4: a missing key is told from a mistyped one by the library's error text (its
+        // error type is not public), which a later minor release could reword.
         .package(
             url: "https://github.com/apple/swift-configuration.git",
-            from: "1.4.0",
+            .upToNextMinor(from: "1.4.0"),
             traits: [.defaults, "YAML"]
         ),
         // Named directly to list a configuration file's keys; already resolved via swift-configuration's YAML trait.

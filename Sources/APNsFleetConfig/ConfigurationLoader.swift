@@ -95,14 +95,18 @@ public struct ConfigurationLoader: Sendable {
                 throw ConfigurationError(key: nil, "--set number \(position + 1) is not key=value (the argument is not shown, as it may hold a secret)")
             }
             let key = String(pair[..<equals])
-            flagValues[Self.bareEnvironmentName(for: key)] = String(pair[pair.index(after: equals)...])
+            let value = String(pair[pair.index(after: equals)...])
+            if !value.trimmingSpaces.isEmpty { flagValues[Self.bareEnvironmentName(for: key)] = value }
         }
         // Both flag and environment values are strings parsed by the same rules, so a flag and
         // its environment variable always mean the same thing.
         providers.append(EnvironmentVariablesProvider(environmentVariables: flagValues, secretsSpecifier: .all))
 
+        // An empty value counts as unset, so that the file's value applies. Read as "", it would
+        // hide the file's value and bring back the default (Compose writes an undefined
+        // `${VAR}` as ""): a sandbox app silently sent to production, say.
         var prefixed: [String: String] = [:]
-        for (name, value) in environment where name.hasPrefix(Self.environmentPrefix) {
+        for (name, value) in environment where name.hasPrefix(Self.environmentPrefix) && !value.trimmingSpaces.isEmpty {
             prefixed[String(name.dropFirst(Self.environmentPrefix.count))] = value
         }
         providers.append(EnvironmentVariablesProvider(environmentVariables: prefixed, secretsSpecifier: .all))

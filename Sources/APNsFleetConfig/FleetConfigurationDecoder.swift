@@ -289,6 +289,8 @@ struct FleetConfigurationDecoder {
         do {
             return try read(ConfigKey(key))
         } catch {
+            // swift-configuration's error type is not public; Package.swift holds it to 1.4.x,
+            // and every test that loads a configuration would fail if this text changed.
             if "\(error)".hasPrefix("Missing required config value") { return nil }
             throw ConfigurationError(key: key, "has a value of the wrong type")
         }

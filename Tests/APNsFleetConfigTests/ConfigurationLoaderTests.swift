@@ -110,6 +110,26 @@ struct ConfigurationLoaderTests {
         #expect(fromFlags.worker.maxInFlight == 7)
     }
 
+    @Test("an empty variable or --set value counts as unset: the file's value applies, not the default")
+    func emptyValuesAreUnset() async throws {
+        let path = try temporaryFile("fleet.yaml", yaml)
+        // Compose writes an undefined ${VAR} as "": the sandbox app must not fall back to production.
+        let configuration = try await ConfigurationLoader(
+            filePath: path,
+            environment: ["APNS_FLEET_APP_EXAMPLE_ENVIRONMENT": "", "APNS_FLEET_APP_EXAMPLE_TOPIC": "  ", "APNS_FLEET_TOPICS_RESULTS": ""],
+            overrides: ["app.example.key-id="]
+        ).load()
+        let example = try #require(configuration.app(named: "example"))
+        #expect(example.defaults.environment == .sandbox)
+        #expect(example.defaults.topic == "com.example.app")
+        #expect(configuration.topics.results == "analytics.apns-results")
+        guard case .token(_, let keyID, _) = example.authentication else {
+            Issue.record("token auth expected")
+            return
+        }
+        #expect(keyID == "ABC123DEFG")
+    }
+
     @Test("a setting given as ~ or null in YAML is an error naming it, unless a flag or variable sets it; nothing after the colon, an empty section and a quoted \"null\" are fine")
     func nullSettingInYAML() async throws {
         for (text, key) in [("worker:\n  id: ~\n", "worker.id"), ("kafka:\n  sasl:\n    password: null\n", "kafka.sasl.password"), ("worker:\n  max-in-flight: null\n", "worker.max-in-flight")] {
