@@ -581,6 +581,12 @@ final class APNsConnection: @unchecked Sendable {
             events.connection(self, didRejectProviderToken: reason)
         }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
+        // "The server is shutting down": a server that answers this at once would otherwise
+        // keep the most free streams and so take nearly every request of the pool.
+        if reason == .shutdown, !unusable {
+            logger.info("APNs answered 503 Shutdown; retiring the connection")
+            becomeUnusable()
+        }
         closeIfDrained()
     }
 

@@ -66,13 +66,15 @@ public struct StreamBudget: Sendable, Hashable {
         goingAway = true
     }
 
-    /// Whether an answer shows APNs accepted the provider token: 200, or an answer APNs only
-    /// gives after authenticating (410 Unregistered, 413, 429 TooManyRequests, 5xx).
+    /// Whether an answer shows APNs accepted the provider token: 200, or an answer that needs
+    /// the device looked up after authenticating (410 Unregistered, 429 TooManyRequests). Not a
+    /// 413 or a 5xx, which a front end can give before it checks the token: with a wrong key,
+    /// one such answer would lift a new connection's one-stream limit (sending a burst of
+    /// requests to be rejected 403 for good) and clear the pool's configuration error.
     public static func provesTokenValid(status: Int, reason: APNsReason?) -> Bool {
         switch status {
-        case 200, 410, 413: true
-        case 429: reason != .tooManyProviderTokenUpdates
-        case 500...599: true
+        case 200, 410: true
+        case 429: reason == .tooManyRequests
         default: false
         }
     }

@@ -10,7 +10,7 @@ import NIOPosix
 /// - `POST /goaway?reason=Shutdown`: GOAWAY on every open HTTP/2 connection;
 /// - `POST /reset`: a TCP reset of every open HTTP/2 connection (no GOAWAY, no close_notify);
 /// - `POST /close-notify`: TLS close_notify, then FIN, on every open HTTP/2 connection (no GOAWAY);
-/// - `POST /faults?error_500_rate=&error_503_rate=&latency_ms=&drop_to_one_stream=`: run-time
+/// - `POST /faults?error_500_rate=&error_503_rate=&shutdown_503_rate=&latency_ms=&drop_to_one_stream=`: run-time
 ///   faults over the configured behaviour (the parameters given replace the faults in force);
 ///   `DELETE /faults` clears them; `GET /faults` shows them;
 /// - `GET /healthz`: `ok`.
@@ -120,7 +120,7 @@ final class AdminHandler: ChannelInboundHandler {
             return (
                 .notFound, "text/plain",
                 "GET /counters, GET /counters.txt, POST /goaway?reason=R, POST /reset, POST /close-notify, "
-                    + "GET|POST|DELETE /faults?error_500_rate=&error_503_rate=&latency_ms=&drop_to_one_stream=, GET /healthz\n"
+                    + "GET|POST|DELETE /faults?error_500_rate=&error_503_rate=&shutdown_503_rate=&latency_ms=&drop_to_one_stream=, GET /healthz\n"
             )
         }
     }
@@ -137,6 +137,9 @@ final class AdminHandler: ChannelInboundHandler {
             case "error_503_rate":
                 guard let rate = Double(value) else { throw SimulatorConfigurationError("error_503_rate must be a number, not '\(value)'") }
                 overrides.serviceUnavailableRate = rate
+            case "shutdown_503_rate":
+                guard let rate = Double(value) else { throw SimulatorConfigurationError("shutdown_503_rate must be a number, not '\(value)'") }
+                overrides.shutdownRate = rate
             case "latency_ms":
                 guard let milliseconds = Int64(value), milliseconds >= 0, milliseconds <= APNsSimulatorConfiguration.longestDuration.components.seconds * 1000 else {
                     throw SimulatorConfigurationError("latency_ms must be a whole number from 0 to 86400000 (a day), not '\(value)'")
@@ -146,7 +149,7 @@ final class AdminHandler: ChannelInboundHandler {
                 guard let drop = Bool(value) else { throw SimulatorConfigurationError("drop_to_one_stream must be true or false, not '\(value)'") }
                 overrides.dropToOneStreamAfterRejection = drop
             default:
-                throw SimulatorConfigurationError("unknown fault '\(item.name)' (error_500_rate, error_503_rate, latency_ms, drop_to_one_stream)")
+                throw SimulatorConfigurationError("unknown fault '\(item.name)' (error_500_rate, error_503_rate, shutdown_503_rate, latency_ms, drop_to_one_stream)")
             }
         }
         return overrides

@@ -11,17 +11,20 @@ public final class RuntimeFaults: Sendable {
         public var internalServerErrorRate: Double?
         /// Fraction (0…1) of accepted requests answered 503 ServiceUnavailable.
         public var serviceUnavailableRate: Double?
+        /// Fraction (0…1) of accepted requests answered 503 Shutdown (the server is going away).
+        public var shutdownRate: Double?
         /// Every answer waits this long (jitter as configured).
         public var latency: Duration?
         /// After a rejection, one stream until an accepted request.
         public var dropToOneStreamAfterRejection: Bool?
 
         public init(
-            internalServerErrorRate: Double? = nil, serviceUnavailableRate: Double? = nil,
+            internalServerErrorRate: Double? = nil, serviceUnavailableRate: Double? = nil, shutdownRate: Double? = nil,
             latency: Duration? = nil, dropToOneStreamAfterRejection: Bool? = nil
         ) {
             self.internalServerErrorRate = internalServerErrorRate
             self.serviceUnavailableRate = serviceUnavailableRate
+            self.shutdownRate = shutdownRate
             self.latency = latency
             self.dropToOneStreamAfterRejection = dropToOneStreamAfterRejection
         }
@@ -32,6 +35,7 @@ public final class RuntimeFaults: Sendable {
             var parts: [String] = []
             if let internalServerErrorRate { parts.append("error_500_rate=\(internalServerErrorRate)") }
             if let serviceUnavailableRate { parts.append("error_503_rate=\(serviceUnavailableRate)") }
+            if let shutdownRate { parts.append("shutdown_503_rate=\(shutdownRate)") }
             if let latency { parts.append("latency_ms=\(latency.components.seconds * 1000 + latency.components.attoseconds / 1_000_000_000_000_000)") }
             if let dropToOneStreamAfterRejection { parts.append("drop_to_one_stream=\(dropToOneStreamAfterRejection)") }
             return parts.isEmpty ? "none" : parts.joined(separator: " ")
@@ -41,10 +45,11 @@ public final class RuntimeFaults: Sendable {
         func validate(over behaviour: APNsSimulatorConfiguration.Behaviour) throws(SimulatorConfigurationError) {
             let internalServerError = internalServerErrorRate ?? behaviour.internalServerErrorRate
             let serviceUnavailable = serviceUnavailableRate ?? behaviour.serviceUnavailableRate
-            for rate in [internalServerError, serviceUnavailable] where !(rate >= 0 && rate <= 1) {
+            let shutdown = shutdownRate ?? 0
+            for rate in [internalServerError, serviceUnavailable, shutdown] where !(rate >= 0 && rate <= 1) {
                 throw SimulatorConfigurationError("error rates must be between 0 and 1, got \(rate)")
             }
-            guard internalServerError + serviceUnavailable <= 1 else {
+            guard internalServerError + serviceUnavailable + shutdown <= 1 else {
                 throw SimulatorConfigurationError("the 500 and 503 rates add up to more than 1")
             }
             // A day at most, as at start: beyond that a timer (and this description) would not fit.
@@ -78,6 +83,7 @@ public final class RuntimeFaults: Sendable {
         let faults = overrides.withLock { $0 }
         if let rate = faults.internalServerErrorRate { effective.internalServerErrorRate = rate }
         if let rate = faults.serviceUnavailableRate { effective.serviceUnavailableRate = rate }
+        if let rate = faults.shutdownRate { effective.shutdownRate = rate }
         if let latency = faults.latency { effective.latency = latency }
         if let drop = faults.dropToOneStreamAfterRejection { effective.dropToOneStreamAfterRejection = drop }
         return effective
@@ -88,6 +94,8 @@ public final class RuntimeFaults: Sendable {
 struct EffectiveBehaviour: Sendable {
     var internalServerErrorRate: Double
     var serviceUnavailableRate: Double
+    /// Only as a runtime fault: a configured simulator never shuts down mid-answer.
+    var shutdownRate: Double = 0
     var latency: Duration
     var latencyJitter: Duration
     var dropToOneStreamAfterRejection: Bool

@@ -399,10 +399,11 @@ final class SimulatorConnection: HTTP2SessionDelegate {
                 return APNsRejection(.tooManyRequests)
             }
         }
-        if rates.internalServerErrorRate > 0 || rates.serviceUnavailableRate > 0 {
+        if rates.internalServerErrorRate > 0 || rates.serviceUnavailableRate > 0 || rates.shutdownRate > 0 {
             let draw = random.nextUnit()
             if draw < rates.internalServerErrorRate { return APNsRejection(.internalServerError) }
             if draw < rates.internalServerErrorRate + rates.serviceUnavailableRate { return APNsRejection(.serviceUnavailable) }
+            if draw < rates.internalServerErrorRate + rates.serviceUnavailableRate + rates.shutdownRate { return APNsRejection(.shutdown) }
         }
         return nil
     }

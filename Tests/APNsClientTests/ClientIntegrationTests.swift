@@ -284,6 +284,25 @@ struct ClientIntegrationTests {
         }
     }
 
+    @Test("A connection answered 503 Shutdown is retired and replaced; the pool's traffic moves to the others")
+    func shutdownAnswerRetiresConnection() async throws {
+        try await withPool(client: { $0.connections = 2 }) { pool, simulator, _ in
+            #expect(await pool.waitUntilReady(connections: 2))
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
+            let opened = simulator.counters.snapshot().connectionsOpened
+            try simulator.setFaults(RuntimeFaults.Overrides(shutdownRate: 1))
+            let outcome = await pool.send(Fixture.notification(), timeout: .seconds(10))
+            #expect(outcome.response?.reason == .shutdown, "\(outcome)")
+            try simulator.setFaults(RuntimeFaults.Overrides())
+            // The connection that answered is not used again: a replacement is opened for it.
+            #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
+            #expect(await pool.waitUntilReady(connections: 2))
+            for _ in 0..<20 {
+                #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
+            }
+        }
+    }
+
     @Test("A waiting caller gives up at its deadline")
     func waitingDeadline() async throws {
         try await withPool(simulator: {

@@ -56,6 +56,11 @@ struct StateMachineTests {
         #expect(!StreamBudget.provesTokenValid(status: 403, reason: .expiredProviderToken))
         #expect(!StreamBudget.provesTokenValid(status: 400, reason: .badDeviceToken))
         #expect(!StreamBudget.provesTokenValid(status: 429, reason: .tooManyProviderTokenUpdates))
+        #expect(StreamBudget.provesTokenValid(status: 429, reason: .tooManyRequests))
+        // A front end may answer these before checking the token.
+        #expect(!StreamBudget.provesTokenValid(status: 503, reason: .serviceUnavailable))
+        #expect(!StreamBudget.provesTokenValid(status: 500, reason: .internalServerError))
+        #expect(!StreamBudget.provesTokenValid(status: 413, reason: .payloadTooLarge))
     }
 
     @Test("Tokens are minted first, kept under the refresh age, replaced at it")

@@ -93,6 +93,7 @@ struct SimulatorFaultEndpointTests {
         ))
         #expect(try httpRequest(method: "GET", port: admin, path: "/faults").body.contains("error_500_rate=0.25"))
         #expect(try httpRequest(method: "POST", port: admin, path: "/faults?error_500_rate=0.75&error_503_rate=0.5").status == 400, "rates above 1 in all")
+        #expect(try httpRequest(method: "POST", port: admin, path: "/faults?error_503_rate=0.5&shutdown_503_rate=0.6").status == 400, "503 rates above 1 in all")
         #expect(try httpRequest(method: "POST", port: admin, path: "/faults?latency_ms=-1").status == 400)
         #expect(try httpRequest(method: "POST", port: admin, path: "/faults?bogus=1").status == 400)
         #expect(simulator.faults.current.latency == .milliseconds(40), "a refused request changes nothing")
