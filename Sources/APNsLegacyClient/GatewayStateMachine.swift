@@ -326,6 +326,11 @@ struct GatewayStateMachine<Waiter> {
             passed = "the deadline"
         } else if let sendBy = entry.sendBy, now >= sendBy {
             passed = "its send-by time (the job's deadline or expiration)"
+        } else if now + configuration.quietPeriod > entry.deadline {
+            // Written now, its deadline would pass inside the quiet period: the caller would hear
+            // "may have been delivered", retry, and the device could get it twice. Unsent, a
+            // retry is safe.
+            passed = "the time to confirm it (its deadline is less than the gateway's quiet period away)"
         } else {
             return nil
         }

@@ -170,16 +170,18 @@ struct GatewayStateMachineTests {
         #expect(why.contains("no connection"))
         #expect(machine.isIdle)
 
+        // Written with more than the quiet period left, but its bytes reached the socket late:
+        // the deadline comes inside the quiet period.
         let second = machine.takeIdentifier()
-        _ = machine.enqueue(identifier: second, bytes: [2], deadline: start + .milliseconds(100), waiter: 2)
+        _ = machine.enqueue(identifier: second, bytes: [2], deadline: start + .milliseconds(1050), waiter: 2)
         let third = machine.takeIdentifier()
         _ = machine.enqueue(identifier: third, bytes: [3], deadline: start + .seconds(10), waiter: 3)
         _ = machine.connectionActive(1)
-        _ = machine.drain(1, now: start)
-        machine.written(1, count: 2, now: start)
-        #expect(machine.tick(now: start + .milliseconds(200)).resumes.map(\.waiter) == [2])
+        #expect(machine.drain(1, now: start).writes == [[2], [3]])
+        machine.written(1, count: 2, now: start + .milliseconds(100))
+        #expect(machine.tick(now: start + .milliseconds(1060)).resumes.map(\.waiter) == [2])
         // The gateway then names the third: the second (already answered) counted as passed.
-        let actions = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: third), now: start + .milliseconds(300))
+        let actions = machine.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: third), now: start + .milliseconds(1070))
         #expect(verdicts(actions) == [3: .rejected(.invalidToken)])
     }
 
@@ -217,6 +219,23 @@ struct GatewayStateMachineTests {
         }
         #expect(why.contains("may have been delivered"), "\(why)")
         #expect(machine.isIdle)
+    }
+
+    @Test("a notification whose deadline is nearer than the quiet period is answered unsent, not written (written, it could be confirmed too late and sent twice)")
+    func deadlineInsideQuietPeriod() {
+        var machine = machine()
+        _ = machine.connectionActive(1)
+        let near = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: near, bytes: [1], deadline: start + .milliseconds(900), waiter: 1)
+        let far = machine.takeIdentifier()
+        _ = machine.enqueue(identifier: far, bytes: [2], deadline: start + .seconds(10), waiter: 2)
+        let pass = machine.drain(1, now: start)
+        #expect(pass.writes == [[2]])
+        guard case .notAnswered(let why)? = verdicts(pass.actions)[1] else {
+            Issue.record("\(pass.actions.resumes)")
+            return
+        }
+        #expect(why.contains("quiet period") && why.contains("not sent"), "\(why)")
     }
 
     @Test("shutdown answers what was never written and takes nothing new")
