@@ -54,8 +54,12 @@ public final class APNsClientPool: Service, Sendable {
         var tokenRejections: TokenRejectionTracker
         var configurationError: APNsClientError?
         var nextConnectionID: UInt64 = 0
-        /// Connect attempts that failed since a connection was last ready.
-        var connectFailures = 0
+        /// Slots whose latest connect attempt failed. Only when every slot is in it can the pool
+        /// not connect: one slot failing while another replaces a connection (after a routine
+        /// GOAWAY) must not fail every request until the replacement is ready.
+        var failingSlots: Set<Int> = []
+        let slotCount: Int
+        var cannotConnect: Bool { failingSlots.count >= slotCount }
         var lastConnectError: APNsClientError?
         var shutdownRequested = false
         var shutdownWaiters: [UnsafeContinuation<Void, Never>] = []
@@ -86,7 +90,7 @@ public final class APNsClientPool: Service, Sendable {
         self.logger = logger
         self.metrics = ClientMetrics(app: configuration.name, environment: configuration.endpoint.metricLabel)
         self.sslContext = try configuration.makeTLSContext()
-        self.state = Mutex(State(tokenRejections: TokenRejectionTracker(threshold: configuration.tokenRejectionsBeforeError)))
+        self.state = Mutex(State(tokenRejections: TokenRejectionTracker(threshold: configuration.tokenRejectionsBeforeError), slotCount: configuration.connections))
     }
 
     // MARK: Sending
@@ -241,7 +245,7 @@ public final class APNsClientPool: Service, Sendable {
             // Its connection is gone: the stream goes back, but serves no one.
             state.assignment.restrict(connection: id) { $0.close(tokenAccepted: false) }
         }
-        if state.connectFailures > 0, !state.assignment.entries.contains(where: { $0.budget.isUsable }) {
+        if state.cannotConnect, !state.assignment.entries.contains(where: { $0.budget.isUsable }) {
             return .connectionFailed(state.lastConnectError?.message ?? "cannot connect to APNs")
         }
         return nil
@@ -382,6 +386,7 @@ public final class APNsClientPool: Service, Sendable {
             }
             do {
                 try await connection.connect(sslContext: sslContext)
+                state.withLock { _ = $0.failingSlots.remove(slot) }
                 let readyAt = ContinuousClock.now
                 if isShuttingDown { connection.drain(until: .now()) }
                 try? await connection.unusableFuture.get()
@@ -399,9 +404,9 @@ public final class APNsClientPool: Service, Sendable {
                 let waiters = state.withLock { state -> [Waiter] in
                     state.assignment.remove(connection: id)
                     state.connections[id] = nil
-                    state.connectFailures += 1
+                    state.failingSlots.insert(slot)
                     state.lastConnectError = failure
-                    if state.assignment.entries.contains(where: { $0.budget.isUsable }) { return [] }
+                    if !state.cannotConnect || state.assignment.entries.contains(where: { $0.budget.isUsable }) { return [] }
                     // Nobody can be served: callers hear "connection failed" now, not at their deadline.
                     return state.assignment.takeAllWaiters()
                 }
@@ -447,7 +452,6 @@ public final class APNsClientPool: Service, Sendable {
 extension APNsClientPool: APNsConnectionEvents {
     func connectionBecameReady(_ connection: APNsConnection, maxConcurrentStreams: UInt32?) {
         let (served, connections) = state.withLock { state in
-            state.connectFailures = 0
             state.lastConnectError = nil
             let served = state.assignment.update(connection: connection.id) { $0.settingsReceived(maxConcurrentStreams: maxConcurrentStreams) }
             publishGauges(state)

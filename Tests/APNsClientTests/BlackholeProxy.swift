@@ -4,6 +4,8 @@ import Synchronization
 
 /// A TCP proxy in front of the simulator that can go silent: while frozen it keeps every
 /// socket open but drops all bytes both ways, the way a dead network path looks to a client.
+/// With `maximumConnections`, a connection beyond that many open ones is closed at once (a
+/// connect that keeps failing for one slot of a pool while another slot is up).
 final class BlackholeProxy: Sendable {
     let port: Int
     private let channel: any Channel
@@ -11,6 +13,10 @@ final class BlackholeProxy: Sendable {
 
     final class Frozen: Sendable {
         let value = Atomic<Bool>(false)
+
+        final class Count: Sendable {
+            let value = Atomic<Int>(0)
+        }
     }
 
     private init(port: Int, channel: any Channel, frozen: Frozen) {
@@ -19,12 +25,18 @@ final class BlackholeProxy: Sendable {
         self.frozen = frozen
     }
 
-    static func start(upstreamPort: Int, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> BlackholeProxy {
+    static func start(upstreamPort: Int, maximumConnections: Int = .max, group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) async throws -> BlackholeProxy {
         let frozen = Frozen()
+        let open = Frozen.Count()
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { inbound in
-                ClientBootstrap(group: inbound.eventLoop)
+                guard open.value.add(1, ordering: .relaxed).newValue <= maximumConnections else {
+                    open.value.subtract(1, ordering: .relaxed)
+                    return inbound.close()
+                }
+                inbound.closeFuture.whenComplete { _ in open.value.subtract(1, ordering: .relaxed) }
+                return ClientBootstrap(group: inbound.eventLoop)
                     .channelInitializer { outbound in
                         outbound.eventLoop.makeCompletedFuture {
                             try outbound.pipeline.syncOperations.addHandler(Forwarder(target: inbound, frozen: frozen))

@@ -672,6 +672,39 @@ struct DeadConnectionTests {
         await simulator.stop(gracePeriod: .milliseconds(50))
     }
 
+    @Test("A slot that cannot connect does not fail every request while another slot replaces its connection after a GOAWAY")
+    func goAwayWhileAnotherSlotFails() async throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        let simulator = try await startSimulator(credentials)
+        // One connection at a time gets through: the pool's second slot keeps failing.
+        let proxy = try await BlackholeProxy.start(upstreamPort: try #require(simulator.port(.http2TLS)), maximumConnections: 1)
+        var configuration = try credentials.configuration(port: proxy.port)
+        configuration.connections = 2
+        // Long enough that the replaced connection has left the proxy before its slot
+        // reconnects (otherwise that attempt fails too, and then every slot has failed).
+        configuration.reconnectBackoff.base = .milliseconds(300)
+        configuration.reconnectBackoff.maximum = .milliseconds(600)
+        let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await pool.run() }
+            #expect(try await Self.answered(by: pool, within: .seconds(20)), "the first connection")
+            // Let the other slot fail a few times.
+            try await Task.sleep(for: .milliseconds(1000))
+            simulator.goAway()
+            // No connection is usable until the replacement is up; requests wait for it rather
+            // than hearing "cannot connect" because the other slot keeps failing.
+            for _ in 0..<5 {
+                let outcome = await pool.send(Fixture.notification(), timeout: .seconds(10))
+                #expect(outcome.status == 200, "\(outcome)")
+            }
+            pool.shutdown()
+            try await group.waitForAll()
+        }
+        await proxy.stop()
+        await simulator.stop(gracePeriod: .milliseconds(50))
+    }
+
     /// Sends until a notification is answered 200, for up to `limit`.
     static func answered(by pool: APNsClientPool, within limit: Duration) async throws -> Bool {
         let end = ContinuousClock.now + limit
