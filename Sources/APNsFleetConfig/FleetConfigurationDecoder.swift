@@ -397,7 +397,13 @@ struct FleetConfigurationDecoder {
     }
 
     private func stringList(_ key: String) throws(ConfigurationError) -> [String] {
-        let values = try lookup(key, { try reader.requiredStringArray(forKey: $0) }) ?? []
+        let values: [String]
+        do {
+            values = try lookup(key, { try reader.requiredStringArray(forKey: $0) }) ?? []
+        } catch {
+            // A single value where a list belongs (`apps: example`) is the usual cause.
+            throw ConfigurationError(key: key, "must be a list: [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
+        }
         return values.map(\.trimmingSpaces).filter { !$0.isEmpty }
     }
 

@@ -326,6 +326,13 @@ struct ConfigurationLoaderTests {
         #expect(SecretFile.permissionWarnings(for: configuration).isEmpty)
     }
 
+    @Test("a single value where a list belongs is an error that says a list is wanted")
+    func singleValueForList() async throws {
+        let path = try temporaryFile("fleet.yaml", "apps: example\n")
+        let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: path).load() }
+        #expect(error?.description == "configuration key 'apps': must be a list: [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
+    }
+
     @Test("a world-readable SASL password file is warned about")
     func worldReadablePasswordFile() async throws {
         let path = try temporaryFile("sasl-password", "secret\n", mode: 0o644)
