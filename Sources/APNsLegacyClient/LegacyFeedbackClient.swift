@@ -62,7 +62,12 @@ public struct LegacyFeedbackClient: Sendable {
     /// a failed handshake, the deadline passing before the first tuple) and when the calling task
     /// is cancelled. The deadline counts only the time spent reading: while a full chunk waits
     /// for `deliver`, the clock stops.
-    public func fetch(timeout: Duration, chunkSize: Int = 10_000, deliver: ([FeedbackTuple]) async -> Void) async throws {
+    ///
+    /// A service that has sent whole tuples and then nothing for `quietEnd` is taken to be done,
+    /// as if it had closed: Apple's closed at once, but a server that holds the connection open
+    /// afterwards (the reference test server, for a minute) would otherwise end every poll at
+    /// the deadline, as a failure.
+    public func fetch(timeout: Duration, quietEnd: Duration = .seconds(5), chunkSize: Int = 10_000, deliver: ([FeedbackTuple]) async -> Void) async throws {
         let sslContext = try LegacyTLS.context(endpoint: endpoint, certificate: certificate)
         let eventLoop = eventLoopGroup.next()
         let (signals, signal) = AsyncStream.makeStream(of: FeedbackReader.Signal.self)
@@ -90,13 +95,21 @@ public struct LegacyFeedbackClient: Sendable {
         // for `deliver` (Kafka slow, say), what the service already sent sits unread in the
         // socket, and closing then would throw away tuples it has forgotten.
         let budget = TimeAmount(timeout)
+        let quiet = TimeAmount(quietEnd)
         let deadline = NIOLoopBoundBox.makeEmptyBox(valueType: Scheduled<Void>.self, eventLoop: eventLoop)
         @Sendable func expireWhenReading() {
             let now = NIODeadline.now()
             let paused = reader.pausedTime(now: now)
             let reading = (now - startedAt) - paused.total
+            let sinceLastRead = reader.quietTime(now: now)
+            if !paused.now, let sinceLastRead, sinceLastRead >= quiet {
+                signal.yield(.ended(.quiet))
+                channel.close(promise: nil)
+                return
+            }
             guard !paused.now, reading >= budget else {
-                let wait = paused.now ? .milliseconds(100) : budget - reading
+                var wait = paused.now ? .milliseconds(100) : budget - reading
+                if !paused.now { wait = min(wait, quiet - (sinceLastRead ?? .zero)) }
                 deadline.value = eventLoop.scheduleTask(in: wait, expireWhenReading)
                 return
             }
@@ -137,6 +150,9 @@ public struct LegacyFeedbackClient: Sendable {
             throw LegacyClientError(.shutdown, "feedback service at \(endpoint.label): the poll was cancelled (the worker is stopping) after \(delivered) tuples")
         case .closed:
             if let failure { problem = failure }
+        case .quiet:
+            logger.debug("feedback service went quiet after whole tuples; taking the list as complete", metadata: ["legacy.feedback": "\(endpoint.label)", "legacy.quiet_end": "\(quietEnd)"])
+            if let failure { problem = failure }
         case .timedOut:
             problem = "the deadline (\(timeout)) passed before the service closed the connection"
         }
@@ -163,7 +179,11 @@ private final class FeedbackReader: ChannelDuplexHandler {
     typealias OutboundIn = Never
 
     enum Ending: Sendable, Equatable {
-        case closed, timedOut, cancelled
+        /// The service closed the connection (or a read failed).
+        case closed
+        /// The service sent whole tuples, then nothing for the quiet period.
+        case quiet
+        case timedOut, cancelled
     }
 
     enum Signal: Sendable {
@@ -185,6 +205,8 @@ private final class FeedbackReader: ChannelDuplexHandler {
         /// Reading paused since then (a chunk filled up), and how long earlier pauses lasted.
         var pausedSince: NIODeadline?
         var pausedTotal = TimeAmount.zero
+        /// When bytes last arrived, or reading last resumed; nil until the first bytes.
+        var lastActivity: NIODeadline?
     }
 
     /// Shared between the event loop and `fetch`.
@@ -211,6 +233,15 @@ private final class FeedbackReader: ChannelDuplexHandler {
         }
 
 
+        /// How long the stream has been quiet, once it has sent something and stopped between
+        /// whole tuples; nil otherwise.
+        func quietTime(now: NIODeadline) -> TimeAmount? {
+            state.withLock { state in
+                guard let last = state.lastActivity, state.decoder.leftoverByteCount == 0 else { return nil }
+                return now - last
+            }
+        }
+
         /// Whether reading is paused now, and for how long it has been paused in all.
         func pausedTime(now: NIODeadline) -> (now: Bool, total: TimeAmount) {
             state.withLock { state in
@@ -230,6 +261,7 @@ private final class FeedbackReader: ChannelDuplexHandler {
         let buffer = unwrapInboundIn(data)
         let full = shared.state.withLock { state in
             state.bytesRead += buffer.readableBytes
+            state.lastActivity = .now()
             buffer.withUnsafeReadableBytes { state.decoder.append($0) }
             let before = state.tuples.count
             while let tuple = state.decoder.next() { state.tuples.append(tuple) }
@@ -258,8 +290,10 @@ private final class FeedbackReader: ChannelDuplexHandler {
         let resume = shared.state.withLock { state in
             guard state.tuples.count < shared.chunkSize else { return false }
             if let since = state.pausedSince {
-                state.pausedTotal = state.pausedTotal + (.now() - since)
+                let now = NIODeadline.now()
+                state.pausedTotal = state.pausedTotal + (now - since)
                 state.pausedSince = nil
+                if state.lastActivity != nil { state.lastActivity = now }
             }
             guard state.holding else { return false }
             state.holding = false

@@ -96,6 +96,31 @@ struct FeedbackClientTests {
         #expect(tuples == Array(expected.prefix(2)))
     }
 
+    @Test("a service that sends whole tuples and then holds the connection open is done once it goes quiet, not at the deadline")
+    func quietEnd() async throws {
+        let expected = Self.tuples(3)
+        let bytes = expected.flatMap { $0.encoded() }
+        let server = try await ChunkedFeedbackServer.start(bytes: bytes, chunkSizes: [38], holdOpen: true)
+        let client = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: server.port, tls: false), certificate: nil, logger: Fixture.logger)
+        let start = ContinuousClock.now
+        var tuples: [FeedbackTuple] = []
+        try await client.fetch(timeout: .seconds(20), quietEnd: .milliseconds(500)) { tuples += $0 }
+        #expect(tuples == expected)
+        #expect(ContinuousClock.now - start < .seconds(10), "ended once quiet, not at the 20 s deadline")
+
+        // Quiet inside a tuple is not an end: the rest of the tuple may still come. The
+        // deadline ends it, and the whole tuples read are kept.
+        let cut = try await ChunkedFeedbackServer.start(bytes: Array(bytes.dropLast(10)), chunkSizes: [38], holdOpen: true)
+        let cutClient = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: cut.port, tls: false), certificate: nil, logger: Fixture.logger)
+        let cutStart = ContinuousClock.now
+        var partial: [FeedbackTuple] = []
+        try await cutClient.fetch(timeout: .seconds(2), quietEnd: .milliseconds(300)) { partial += $0 }
+        #expect(partial == Array(expected.prefix(2)))
+        #expect(ContinuousClock.now - cutStart >= .milliseconds(1500), "held to the deadline")
+        await server.stop()
+        await cut.stop()
+    }
+
     @Test("an empty feedback list is an empty answer")
     func empty() async throws {
         let credentials = try LegacyTestCredentials.make()

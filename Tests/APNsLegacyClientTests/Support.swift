@@ -109,7 +109,8 @@ func waitUntil(timeout: Duration = .seconds(5), _ what: String = "condition", _ 
 }
 
 /// A raw TCP server for feedback tests: writes `bytes` to each connection in chunks of the
-/// given sizes (cycled), a moment apart so they arrive as separate reads, then closes.
+/// given sizes (cycled), a moment apart so they arrive as separate reads, then closes (or, with
+/// `holdOpen`, keeps the connection open, as the reference test server does for a minute).
 final class ChunkedFeedbackServer: Sendable {
     let channel: any Channel
 
@@ -119,13 +120,13 @@ final class ChunkedFeedbackServer: Sendable {
         self.channel = channel
     }
 
-    static func start(bytes: [UInt8], chunkSizes: [Int]) async throws -> ChunkedFeedbackServer {
+    static func start(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool = false) async throws -> ChunkedFeedbackServer {
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(ChunkWriter(bytes: bytes, chunkSizes: chunkSizes))
+                    try channel.pipeline.syncOperations.addHandler(ChunkWriter(bytes: bytes, chunkSizes: chunkSizes, holdOpen: holdOpen))
                 }
             }
             .bind(host: "127.0.0.1", port: 0).get()
@@ -141,10 +142,12 @@ final class ChunkedFeedbackServer: Sendable {
         typealias OutboundOut = ByteBuffer
         let bytes: [UInt8]
         let chunkSizes: [Int]
+        let holdOpen: Bool
 
-        init(bytes: [UInt8], chunkSizes: [Int]) {
+        init(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool) {
             self.bytes = bytes
             self.chunkSizes = chunkSizes
+            self.holdOpen = holdOpen
         }
 
         func channelActive(context: ChannelHandlerContext) {
@@ -163,8 +166,10 @@ final class ChunkedFeedbackServer: Sendable {
                     channel.writeAndFlush(channel.allocator.buffer(bytes: chunk), promise: nil)
                 }
             }
-            channel.eventLoop.scheduleTask(in: .microseconds(Int64(300 * chunks.count + 1000))) {
-                channel.close(promise: nil)
+            if !holdOpen {
+                channel.eventLoop.scheduleTask(in: .microseconds(Int64(300 * chunks.count + 1000))) {
+                    channel.close(promise: nil)
+                }
             }
             context.fireChannelActive()
         }
