@@ -14,12 +14,14 @@ BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 
 DIR=$(mktemp -d /tmp/apns-fleet-idle.XXXXXX)
 PIDS=()
+KEEP_LOGS=false
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    rm -rf "$DIR"
+    if $KEEP_LOGS; then echo "logs kept in $DIR" >&2; else rm -rf "$DIR"; fi
 }
 trap cleanup EXIT
+fail() { echo "$1" >&2; KEEP_LOGS=true; exit 1; }
 
 "$BIN" dev-credentials --out "$DIR/credentials" --topic com.example.app > /dev/null
 "$BIN" kafka-dev --brokers 1 --partitions 8 --bootstrap-file "$DIR/bootstrap" > "$DIR/kafka.log" 2>&1 &
@@ -33,7 +35,7 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 PORT=$(sed -n 's/.*h2 (TLS) 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$DIR/simulator.log" | head -1)
-[ -n "$PORT" ] && [ -s "$DIR/bootstrap" ] || { echo "kafka-dev or the simulator did not start; logs in $DIR" >&2; trap - EXIT; exit 1; }
+[ -n "$PORT" ] && [ -s "$DIR/bootstrap" ] || fail "kafka-dev or the simulator did not start"
 
 read -r KEY_ID TEAM_ID KEY_FILE < <(python3 -c '
 import json, sys
@@ -65,13 +67,14 @@ for _ in $(seq 1 300); do
     grep -q "partitions assigned" "$DIR/worker.log" && break
     sleep 0.1
 done
-grep -q "partitions assigned" "$DIR/worker.log" || { echo "the worker did not join its group; logs in $DIR" >&2; trap - EXIT; exit 1; }
+grep -q "partitions assigned" "$DIR/worker.log" || fail "the worker did not join its group"
 sleep 5  # connections up, first metrics samples taken
 
 # utime + stime of the whole process (field 14 and 15 of /proc/PID/stat, in clock ticks), and
-# the context switches of all its threads.
+# the context switches of its threads (a thread that ends inside the window takes its count
+# with it; an idle worker starts none).
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$WORKER/stat"; }
-switches() { cat /proc/"$WORKER"/task/*/status | awk '/ctxt_switches/ {s += $2} END {print s}'; }
+switches() { awk '/ctxt_switches/ {s += $2} END {print s + 0}' /proc/"$WORKER"/task/*/status 2>/dev/null || true; }
 TICKS=$(getconf CLK_TCK)
 t0=$(cpu_ticks); s0=$(switches)
 sleep "$SECONDS_TO_WATCH"

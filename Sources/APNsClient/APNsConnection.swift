@@ -121,6 +121,10 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var sweepTask: Scheduled<Void>?
     /// Whether the next sweep was scheduled at the idle pace (see `scheduleSweep`).
     @exclusivity(unchecked) private var sweepIsIdle = false
+    /// Bumped whenever a sweep is scheduled: a cancelled sweep that the event loop had already
+    /// picked up (NIO does not guarantee cancellation) sees it changed and does nothing, so a
+    /// connection never keeps two sweep chains.
+    @exclusivity(unchecked) private var sweepGeneration: UInt64 = 0
     @exclusivity(unchecked) private var drainDeadline: NIODeadline?
     /// When the session was told to end with a GOAWAY (`closeIfDrained`).
     @exclusivity(unchecked) private var terminatedAt: NIODeadline?
@@ -760,11 +764,13 @@ final class APNsConnection: @unchecked Sendable {
             let pingDue = pingSentAt.map { $0 + TimeAmount(configuration.pingTimeout) } ?? lastRead + TimeAmount(configuration.pingInterval)
             delay = min(max(pingDue - .now(), fast), .seconds(1))
         }
+        sweepGeneration &+= 1
+        let generation = sweepGeneration
         sweepTask = eventLoop.scheduleTask(in: delay) { [self] in
-            sweepTask = nil
+            guard generation == sweepGeneration else { return }
             sweep()
             // `sweep` may have scheduled the next one already (through `sweepSoon`).
-            if !closed, sweepTask == nil { scheduleSweep() }
+            if !closed, generation == sweepGeneration { scheduleSweep() }
         }
     }
 

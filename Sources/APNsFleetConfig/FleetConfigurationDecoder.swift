@@ -343,10 +343,11 @@ struct FleetConfigurationDecoder {
     /// A topic listed in one app's `topics` routes jobs that name no app there; if another app
     /// lists it too, or has it as its default `topic`, which app gets the job would depend on
     /// the order of `apps`. (Two apps may share a default topic: a production and a sandbox
-    /// credential set for one bundle; their jobs name the app.)
+    /// credential set for one bundle; their jobs name the app. An app listing its own default
+    /// topic again claims nothing more.)
     private func checkTopicRouting(_ apps: [AppConfiguration]) throws(ConfigurationError) {
         for app in apps {
-            for topic in app.topics {
+            for topic in app.topics where topic != app.defaults.topic {
                 if let other = apps.first(where: { $0.name != app.name && ($0.topics.contains(topic) || $0.defaults.topic == topic) }) {
                     throw ConfigurationError(
                         key: "app.\(app.name).topics",

@@ -326,6 +326,18 @@ struct ConfigurationLoaderTests {
         #expect(SecretFile.permissionWarnings(for: configuration).isEmpty)
     }
 
+    @Test("two apps for one bundle (production and sandbox credentials) may share their default topic, listed in topics or not")
+    func sharedDefaultTopic() async throws {
+        let configuration = try await ConfigurationLoader(environment: [
+            "APNS_FLEET_APPS": "prod,dev",
+            "APNS_FLEET_APP_PROD_KEY_FILE": "/k.p8", "APNS_FLEET_APP_PROD_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_PROD_TEAM_ID": "DEF123GHIJ",
+            "APNS_FLEET_APP_PROD_TOPIC": "com.example.app", "APNS_FLEET_APP_PROD_TOPICS": "com.example.app,com.example.app.voip",
+            "APNS_FLEET_APP_DEV_KEY_FILE": "/k.p8", "APNS_FLEET_APP_DEV_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_DEV_TEAM_ID": "DEF123GHIJ",
+            "APNS_FLEET_APP_DEV_TOPIC": "com.example.app", "APNS_FLEET_APP_DEV_ENVIRONMENT": "sandbox",
+        ]).load()
+        #expect(configuration.apps.map(\.name) == ["prod", "dev"])
+    }
+
     @Test("a single value where a list belongs is an error that says a list is wanted")
     func singleValueForList() async throws {
         let path = try temporaryFile("fleet.yaml", "apps: example\n")
