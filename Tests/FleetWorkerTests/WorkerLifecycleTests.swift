@@ -68,6 +68,53 @@ struct WorkerLifecycleTests {
         await simulator.stop(gracePeriod: .zero)
     }
 
+    @Test("/readyz turns 503, naming the app, once APNs keeps rejecting its provider tokens, though it is connected")
+    func readinessFollowsTokenRejections() async throws {
+        var logger = Logger(label: "worker-lifecycle-test")
+        logger.logLevel = .warning
+        let binary = try apnsFleetBinary()
+        let directory = NSTemporaryDirectory() + "apns-fleet-rejected-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 2)
+        defer { kafka.process.kill() }
+
+        // A simulator that knows no signing key: the worker's tokens are rejected (a wrong key id
+        // or team id in a rollout looks the same), though TLS and HTTP/2 are fine.
+        let credentials = try DevCredentials.generate(topic: "com.example.app")
+        let summary = try credentials.write(to: directory)
+        var simulatorConfiguration = try credentials.simulatorConfiguration()
+        simulatorConfiguration.listeners.http2TLSPort = 0
+        simulatorConfiguration.authentication.tokenKeys = []
+        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
+        let config = try writeFleetFile(
+            directory: directory, summary: summary, simulatorPort: try #require(simulator.port(.http2TLS)), bootstrap: kafka.bootstrap
+        )
+        let worker = try startWorker(binary: binary, config: config, id: "w-rejected")
+        defer { worker.kill() }
+        let port = try await worker.adminPort()
+        try await waitUntil("the worker to be ready (connected, no request yet)", timeout: 30) { (try? httpGet(port: port, path: "/readyz").status) == 200 }
+
+        var client = KafkaClientConfiguration(bootstrapServers: [kafka.bootstrap])
+        client.statisticsInterval = nil
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await producer.run() }
+            for index in 0..<5 {
+                try await producer.send(KafkaOutgoingMessage(topic: "apns.jobs", key: nil, value: Array(#"{"id":"r-\#(index)","token":"\#(String(repeating: "ab", count: 32))","payload":{}}"#.utf8)))
+            }
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+        try await waitUntil("/readyz to report the rejected tokens", timeout: 30) {
+            guard let response = try? httpGet(port: port, path: "/readyz") else { return false }
+            return response.status == 503 && response.body.contains("rejected") && response.body.contains("example")
+        }
+        #expect(try httpGet(port: port, path: "/healthz").status == 200)
+        kill(worker.process.processIdentifier, SIGTERM)
+        #expect(try await worker.waitForExit(timeout: 30) == 0)
+        await simulator.stop(gracePeriod: .zero)
+    }
+
     @Test("/metrics counts what happened; /readyz follows partitions and APNs; /healthz is 200")
     func metricsAndReadiness() async throws {
         var logger = Logger(label: "worker-lifecycle-test")

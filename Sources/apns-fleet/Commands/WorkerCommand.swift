@@ -70,6 +70,10 @@ struct WorkerCommand: AsyncParsableCommand {
                     + legacy.appsWithoutConnection.map { "\($0) (legacy gateway)" }
                 if consumer.assignment.isEmpty { return .init(ready: false, detail: "no partitions assigned") }
                 if !unusable.isEmpty { return .init(ready: false, detail: "no usable APNs connection for \(unusable.joined(separator: ", "))") }
+                // Connected is not enough: a wrong key id, team id or key is found only when APNs
+                // rejects the tokens, and a rollout must not go on past pods in that state.
+                let rejected = essentialPools.compactMap { key, pool in pool.configurationError.map { "\(key): \($0.message)" } }.sorted()
+                if !rejected.isEmpty { return .init(ready: false, detail: rejected.joined(separator: "; ")) }
                 if let problem = worker.publishStalls.problem() { return .init(ready: false, detail: problem) }
                 return .init(ready: true, detail: "\(consumer.assignment.count) partitions, \(clients.pools.count) APNs pools")
             }
