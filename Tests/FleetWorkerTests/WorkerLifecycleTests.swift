@@ -68,6 +68,53 @@ struct WorkerLifecycleTests {
         await simulator.stop(gracePeriod: .zero)
     }
 
+    @Test("a stop that cannot flush (Kafka gone) ends with status 1 and a line saying so, not a crash")
+    func overdueStopExitsCleanly() async throws {
+        var logger = Logger(label: "worker-lifecycle-test")
+        logger.logLevel = .warning
+        let binary = try apnsFleetBinary()
+        let directory = NSTemporaryDirectory() + "apns-fleet-overdue-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 2)
+        defer { kafka.process.kill() }
+        let credentials = try DevCredentials.generate(topic: "com.example.app")
+        let summary = try credentials.write(to: directory)
+        var simulatorConfiguration = try credentials.simulatorConfiguration()
+        simulatorConfiguration.listeners.http2TLSPort = 0
+        simulatorConfiguration.behaviour.latency = .seconds(2)
+        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
+        let config = try writeFleetFile(
+            directory: directory, summary: summary, simulatorPort: try #require(simulator.port(.http2TLS)), bootstrap: kafka.bootstrap,
+            extra: "worker:\n  drain-timeout-seconds: 1"
+        )
+        let worker = try startWorker(binary: binary, config: config, id: "w-overdue")
+        defer { worker.kill() }
+        var client = KafkaClientConfiguration(bootstrapServers: [kafka.bootstrap])
+        client.statisticsInterval = nil
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await producer.run() }
+            for index in 0..<5 {
+                try await producer.send(KafkaOutgoingMessage(topic: "apns.jobs", key: nil, value: Array(#"{"id":"o-\#(index)","token":"\#(String(repeating: "ab", count: 32))","payload":{}}"#.utf8)))
+            }
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+        let port = try await worker.adminPort()
+        try await waitUntil("notifications in flight", timeout: 45) {
+            let metrics = (try? httpGet(port: port, path: "/metrics").body) ?? ""
+            return prometheusSamples(metrics).contains { $0.name == "apns_worker_in_flight" && $0.value > 0 }
+        }
+        // Kafka goes away with the answers still to come: their results can never be flushed.
+        kafka.process.kill()
+        kill(worker.process.processIdentifier, SIGTERM)
+        // The budget is the drain timeout (1 s) + 15 s, then the exit comes 3 s later.
+        let status = try await worker.waitForExit(timeout: 40)
+        #expect(status == 1, "\(worker.lines.value.suffix(5))")
+        #expect(worker.output(containing: "did not finish within").count == 1, "\(worker.lines.value.suffix(5))")
+        await simulator.stop(gracePeriod: .zero)
+    }
+
     @Test("/readyz turns 503, naming the app, once APNs keeps rejecting its provider tokens, though it is connected")
     func readinessFollowsTokenRejections() async throws {
         var logger = Logger(label: "worker-lifecycle-test")

@@ -67,7 +67,8 @@ struct FleetProcess {
             cancellationSignals: [],
             logger: logger
         )
-        configuration.maximumGracefulShutdownDuration = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000)) + .seconds(15)
+        let gracefulBudget = Duration.milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000)) + .seconds(15)
+        configuration.maximumGracefulShutdownDuration = gracefulBudget
         configuration.maximumCancellationDuration = .seconds(5)
         let group = ServiceGroup(configuration: configuration)
         // One handler for both signals, installed before the group runs so none is missed.
@@ -79,6 +80,14 @@ struct FleetProcess {
                         shuttingDown.set()
                         logger.info("\(signal): draining; send it again to exit at once")
                         await group.triggerGracefulShutdown()
+                        // Past both budgets ServiceLifecycle stops the process with fatalError
+                        // (a crash, exit 132): a stop that cannot finish (Kafka unreachable, so
+                        // nothing flushes) ends here first, with a line that says so.
+                        // Unstructured: the process ends (exitStopped) right after the group.
+                        Task {
+                            try? await Task.sleep(for: gracefulBudget + .seconds(3))
+                            Self.exitOverdue(budget: gracefulBudget, logger: logger)
+                        }
                     } else {
                         Self.exitNow(signal: signal, logger: logger)
                     }
@@ -116,6 +125,15 @@ struct FleetProcess {
         FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
         fflush(nil)
         _exit(exitStatus(of: error) ?? 1)
+    }
+
+    /// A stop that outlasted its budget (results that cannot be flushed, a client that does not
+    /// close): exit 1 now, before ServiceLifecycle's cancellation limit would crash the process.
+    /// Offsets stop at the unfinished work, so the group redoes it.
+    static func exitOverdue(budget: Duration, logger: Logger) -> Never {
+        logger.error("the stop did not finish within worker.drain-timeout-seconds + 15 s (\(budget)) and its cancellation; exiting with status 1; unfinished jobs will be redelivered")
+        fflush(nil)
+        _exit(1)
     }
 
     /// The second signal: the operator wants the process gone, drain or not. Offsets stop at the
