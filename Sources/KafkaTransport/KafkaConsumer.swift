@@ -127,8 +127,10 @@ public final class KafkaConsumer: Service, Sendable {
     /// reads the same value later need not ask ``isCurrent(_:)`` about that batch's records.
     public var rebalances: UInt64 { core.rebalances.load(ordering: .acquiring) }
 
-    /// Records given up unfinished because a revocation's drain (the last one included, at
-    /// close) ran out of time: the group redoes them. A stopping worker reports it.
+    /// Records the drain at close gave up unfinished because it ran out of time: the group
+    /// redoes them. A stopping worker reports it. (A rebalance's drain that ran out of time
+    /// earlier was logged then; its records do not count here, or a clean stop hours later
+    /// would report them again.)
     public var recordsLeftUnfinished: Int { core.recordsLeftUnfinished.load(ordering: .relaxed) }
 
     /// The assigned partitions librdkafka is currently not fetching: those paused by the caller,
@@ -604,6 +606,7 @@ final class ConsumerCore: @unchecked Sendable {
             return tracker.takeStorable()
         }
         if !toStore.isEmpty { storeOffsets(rk, toStore) }
+        recordsLeftUnfinished.store(0, ordering: .relaxed)
         let error = rd_kafka_consumer_close(rk)
         if error != RD_KAFKA_RESP_ERR_NO_ERROR {
             logger.warning("consumer close reported an error", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])

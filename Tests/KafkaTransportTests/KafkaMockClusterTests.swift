@@ -111,6 +111,42 @@ struct KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(5))
     }
 
+    @Test("a rebalance drain that ran out of time earlier is not reported again by a clean close")
+    func earlierDrainTimeoutNotReportedAtClose() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("held", partitions: 2)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        for index in 0..<10 {
+            try await producer.send(KafkaOutgoingMessage(topic: "held", key: "k\(index)".bytes, value: "v\(index)".bytes))
+        }
+        var configuration = consumerConfiguration(cluster, group: "held-group", topics: ["held"])
+        configuration.drainTimeout = .milliseconds(300)
+        let a = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        let b = try KafkaConsumer(configuration: consumerConfiguration(cluster, group: "held-group", topics: ["held"]), logger: testLogger)
+        let received = ReceivedRecords()
+        let held = Shared<[KafkaRecord]>([])
+        try await withTimeout(120, "the rebalance and the close") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await a.run() }
+                // A holds what it takes unfinished: the revocation when B joins runs out of time.
+                group.addTask { for await batch in a.batches { held.update { $0 += batch } } }
+                try await waitUntil("A to take every record") { held.value.count == 10 }
+                group.addTask { try await b.run() }
+                group.addTask { await consumeLoop(b, into: received) }
+                try await waitUntil("the rebalance to give B a partition") { !b.assignment.isEmpty && a.assignment.count == 1 }
+                try await waitUntil("A's drain to have run out of time") { a.recordsLeftUnfinished > 0 }
+                // A then finishes everything it still holds, and closes cleanly.
+                a.markFinished(held.value)
+                try await Task.sleep(for: .milliseconds(300))
+                a.close()
+                b.close()
+                try await group.waitForAll()
+            }
+        }
+        #expect(a.recordsLeftUnfinished == 0, "the final drain finished; the earlier one was logged when it happened")
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
     @Test func twoConsumersSplitPartitionsThroughARebalanceWithoutLoss() async throws {
         let cluster = try MockKafkaCluster(brokers: 3, logger: testLogger)
         try cluster.createTopic("split", partitions: 6)
