@@ -2,6 +2,8 @@ import APNsSimulator
 import FleetLoad
 import FleetTestSupport
 import Foundation
+import KafkaTransport
+import Logging
 
 // Helpers for the suites that run `apns-fleet worker` as a real process beside `kafka-dev`:
 // the fleet file, workers whose log lines can be read, and plain HTTP against the admin endpoint.
@@ -51,6 +53,71 @@ func writeFleetFile(
         \(extra)
         """.write(toFile: path, atomically: true, encoding: .utf8)
     return path
+}
+
+/// What a worker process test starts from: kafka-dev, the simulator in process with dev
+/// credentials written to a fresh directory, and a fleet file for one app on them.
+struct ProcessFleetBackends {
+    let binary: String
+    let directory: String
+    let kafka: KafkaDevProcess
+    let simulator: APNsSimulator
+    let summary: DevCredentials.Summary
+    let logger: Logger
+
+    static func start(
+        name: String, partitions: Int, simulator configure: (inout APNsSimulatorConfiguration) -> Void = { _ in }
+    ) async throws -> ProcessFleetBackends {
+        var logger = Logger(label: "\(name)-test")
+        logger.logLevel = .warning
+        let binary = try apnsFleetBinary()
+        let directory = NSTemporaryDirectory() + "apns-fleet-\(name)-" + UUID().uuidString
+        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: partitions)
+        do {
+            let credentials = try DevCredentials.generate(topic: "com.example.app")
+            let summary = try credentials.write(to: directory)
+            var configuration = try credentials.simulatorConfiguration()
+            configuration.listeners.http2TLSPort = 0
+            configure(&configuration)
+            let simulator = try await APNsSimulator.start(configuration, logger: logger)
+            return ProcessFleetBackends(binary: binary, directory: directory, kafka: kafka, simulator: simulator, summary: summary, logger: logger)
+        } catch {
+            kafka.process.kill()
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
+        }
+    }
+
+    /// A fleet file for the app on the simulator; `extra` is appended YAML.
+    func fleetFile(extra: String = "") throws -> String {
+        try writeFleetFile(directory: directory, summary: summary, simulatorPort: simulator.port(.http2TLS) ?? 0, bootstrap: kafka.bootstrap, extra: extra)
+    }
+
+    /// Publishes one-token JSON jobs `prefix-0`… for `token` to apns.jobs, each acknowledged.
+    func publishJobs(_ count: Int, prefix: String, token: String = String(repeating: "ab", count: 32)) async throws {
+        var client = KafkaClientConfiguration(bootstrapServers: [kafka.bootstrap])
+        client.statisticsInterval = nil
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await producer.run() }
+            for index in 0..<count {
+                try await producer.send(KafkaOutgoingMessage(topic: "apns.jobs", key: nil, value: Array(#"{"id":"\#(prefix)-\#(index)","token":"\#(token)","payload":{}}"#.utf8)))
+            }
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+    }
+
+    /// Stops kafka-dev and removes the directory (for `defer`); the simulator stops in `stop()`.
+    func kill() {
+        kafka.process.kill()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    func stop() async {
+        await simulator.stop(gracePeriod: .zero)
+        kill()
+    }
 }
 
 /// `apns-fleet worker` with its log (standard error) merged into the lines the test reads. The

@@ -10,48 +10,26 @@ import Testing
 /// `apns-fleet worker` as a process: what its admin endpoint says, and how it reacts to signals.
 @Suite("Worker lifecycle", .timeLimit(.minutes(2)))
 struct WorkerLifecycleTests {
-    @Test("a second SIGTERM while draining exits at once, non-zero, with one log line")
-    func secondSignalExitsAtOnce() async throws {
-        var logger = Logger(label: "worker-lifecycle-test")
-        logger.logLevel = .warning
-        let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-lifecycle-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 4)
-        defer { kafka.process.kill() }
-
-        // APNs answers after 30 s: a drain would take that long.
-        let credentials = try DevCredentials.generate(topic: "com.example.app")
-        let summary = try credentials.write(to: directory)
-        var simulatorConfiguration = try credentials.simulatorConfiguration()
-        simulatorConfiguration.listeners.http2TLSPort = 0
-        simulatorConfiguration.behaviour.latency = .seconds(30)
-        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
-        let config = try writeFleetFile(
-            directory: directory, summary: summary, simulatorPort: try #require(simulator.port(.http2TLS)), bootstrap: kafka.bootstrap,
-            extra: "worker:\n  request-timeout-seconds: 60\n  drain-timeout-seconds: 60"
-        )
-
-        var client = KafkaClientConfiguration(bootstrapServers: [kafka.bootstrap])
-        client.statisticsInterval = nil
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
-        let worker = try startWorker(binary: binary, config: config, id: "w-impatient")
-        defer { worker.kill() }
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await producer.run() }
-            for index in 0..<10 {
-                try await producer.send(KafkaOutgoingMessage(topic: "apns.jobs", key: nil, value: Array(#"{"id":"slow-\#(index)","token":"\#(String(repeating: "ab", count: 32))","payload":{}}"#.utf8)))
-            }
-            await producer.shutdown(flushTimeout: .seconds(5))
-            group.cancelAll()
-        }
-
-        // Wait for notifications in flight at APNs, then ask for a drain: it cannot finish soon.
-        let port = try await worker.adminPort()
+    /// Waits until the worker has notifications in flight at APNs.
+    static func waitForInFlight(port: Int) async throws {
         try await waitUntil("notifications in flight", timeout: 45) {
             let metrics = (try? httpGet(port: port, path: "/metrics").body) ?? ""
             return prometheusSamples(metrics).contains { $0.name == "apns_worker_in_flight" && $0.value > 0 }
         }
+    }
+
+    @Test("a second SIGTERM while draining exits at once, non-zero, with one log line")
+    func secondSignalExitsAtOnce() async throws {
+        // APNs answers after 30 s: a drain would take that long.
+        let backends = try await ProcessFleetBackends.start(name: "lifecycle", partitions: 4) { $0.behaviour.latency = .seconds(30) }
+        defer { backends.kill() }
+        let config = try backends.fleetFile(extra: "worker:\n  request-timeout-seconds: 60\n  drain-timeout-seconds: 60")
+        let worker = try startWorker(binary: backends.binary, config: config, id: "w-impatient")
+        defer { worker.kill() }
+        try await backends.publishJobs(10, prefix: "slow")
+
+        // Wait for notifications in flight at APNs, then ask for a drain: it cannot finish soon.
+        try await Self.waitForInFlight(port: try await worker.adminPort())
         kill(worker.process.processIdentifier, SIGTERM)
         try await waitUntil("the worker to start draining", timeout: 10) { !worker.output(containing: "draining").isEmpty }
         try await Task.sleep(for: .milliseconds(500))
@@ -65,93 +43,39 @@ struct WorkerLifecycleTests {
         #expect(status == 143, "128 + SIGTERM")
         #expect(took < .seconds(10), "exited \(took) after the second signal, not after the 30 s answers")
         #expect(worker.output(containing: "exiting now").count == 1, "\(worker.lines.value.suffix(5))")
-        await simulator.stop(gracePeriod: .zero)
+        await backends.stop()
     }
 
     @Test("a stop that cannot flush (Kafka gone) ends with status 1 and a line saying so, not a crash")
     func overdueStopExitsCleanly() async throws {
-        var logger = Logger(label: "worker-lifecycle-test")
-        logger.logLevel = .warning
-        let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-overdue-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 2)
-        defer { kafka.process.kill() }
-        let credentials = try DevCredentials.generate(topic: "com.example.app")
-        let summary = try credentials.write(to: directory)
-        var simulatorConfiguration = try credentials.simulatorConfiguration()
-        simulatorConfiguration.listeners.http2TLSPort = 0
-        simulatorConfiguration.behaviour.latency = .seconds(2)
-        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
-        let config = try writeFleetFile(
-            directory: directory, summary: summary, simulatorPort: try #require(simulator.port(.http2TLS)), bootstrap: kafka.bootstrap,
-            extra: "worker:\n  drain-timeout-seconds: 1"
-        )
-        let worker = try startWorker(binary: binary, config: config, id: "w-overdue")
+        let backends = try await ProcessFleetBackends.start(name: "overdue", partitions: 2) { $0.behaviour.latency = .seconds(2) }
+        defer { backends.kill() }
+        let config = try backends.fleetFile(extra: "worker:\n  drain-timeout-seconds: 1")
+        let worker = try startWorker(binary: backends.binary, config: config, id: "w-overdue")
         defer { worker.kill() }
-        var client = KafkaClientConfiguration(bootstrapServers: [kafka.bootstrap])
-        client.statisticsInterval = nil
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await producer.run() }
-            for index in 0..<5 {
-                try await producer.send(KafkaOutgoingMessage(topic: "apns.jobs", key: nil, value: Array(#"{"id":"o-\#(index)","token":"\#(String(repeating: "ab", count: 32))","payload":{}}"#.utf8)))
-            }
-            await producer.shutdown(flushTimeout: .seconds(5))
-            group.cancelAll()
-        }
-        let port = try await worker.adminPort()
-        try await waitUntil("notifications in flight", timeout: 45) {
-            let metrics = (try? httpGet(port: port, path: "/metrics").body) ?? ""
-            return prometheusSamples(metrics).contains { $0.name == "apns_worker_in_flight" && $0.value > 0 }
-        }
+        try await backends.publishJobs(5, prefix: "o")
+        try await Self.waitForInFlight(port: try await worker.adminPort())
         // Kafka goes away with the answers still to come: their results can never be flushed.
-        kafka.process.kill()
+        backends.kafka.process.kill()
         kill(worker.process.processIdentifier, SIGTERM)
         // The budget is the drain timeout (1 s) + 15 s, then the exit comes 3 s later.
         let status = try await worker.waitForExit(timeout: 40)
         #expect(status == 1, "\(worker.lines.value.suffix(5))")
         #expect(worker.output(containing: "did not finish within").count == 1, "\(worker.lines.value.suffix(5))")
-        await simulator.stop(gracePeriod: .zero)
+        await backends.stop()
     }
 
     @Test("/readyz turns 503, naming the app, once APNs keeps rejecting its provider tokens, though it is connected")
     func readinessFollowsTokenRejections() async throws {
-        var logger = Logger(label: "worker-lifecycle-test")
-        logger.logLevel = .warning
-        let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-rejected-" + UUID().uuidString
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 2)
-        defer { kafka.process.kill() }
-
         // A simulator that knows no signing key: the worker's tokens are rejected (a wrong key id
         // or team id in a rollout looks the same), though TLS and HTTP/2 are fine.
-        let credentials = try DevCredentials.generate(topic: "com.example.app")
-        let summary = try credentials.write(to: directory)
-        var simulatorConfiguration = try credentials.simulatorConfiguration()
-        simulatorConfiguration.listeners.http2TLSPort = 0
-        simulatorConfiguration.authentication.tokenKeys = []
-        let simulator = try await APNsSimulator.start(simulatorConfiguration, logger: logger)
-        let config = try writeFleetFile(
-            directory: directory, summary: summary, simulatorPort: try #require(simulator.port(.http2TLS)), bootstrap: kafka.bootstrap
-        )
-        let worker = try startWorker(binary: binary, config: config, id: "w-rejected")
+        let backends = try await ProcessFleetBackends.start(name: "rejected", partitions: 2) { $0.authentication.tokenKeys = [] }
+        defer { backends.kill() }
+        let worker = try startWorker(binary: backends.binary, config: try backends.fleetFile(), id: "w-rejected")
         defer { worker.kill() }
         let port = try await worker.adminPort()
         try await waitUntil("the worker to be ready (connected, no request yet)", timeout: 30) { (try? httpGet(port: port, path: "/readyz").status) == 200 }
-
-        var client = KafkaClientConfiguration(bootstrapServers: [kafka.bootstrap])
-        client.statisticsInterval = nil
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await producer.run() }
-            for index in 0..<5 {
-                try await producer.send(KafkaOutgoingMessage(topic: "apns.jobs", key: nil, value: Array(#"{"id":"r-\#(index)","token":"\#(String(repeating: "ab", count: 32))","payload":{}}"#.utf8)))
-            }
-            await producer.shutdown(flushTimeout: .seconds(5))
-            group.cancelAll()
-        }
+        try await backends.publishJobs(5, prefix: "r")
         try await waitUntil("/readyz to report the rejected tokens", timeout: 30) {
             guard let response = try? httpGet(port: port, path: "/readyz") else { return false }
             return response.status == 503 && response.body.contains("rejected") && response.body.contains("example")
@@ -159,7 +83,7 @@ struct WorkerLifecycleTests {
         #expect(try httpGet(port: port, path: "/healthz").status == 200)
         kill(worker.process.processIdentifier, SIGTERM)
         #expect(try await worker.waitForExit(timeout: 30) == 0)
-        await simulator.stop(gracePeriod: .zero)
+        await backends.stop()
     }
 
     @Test("/metrics counts what happened; /readyz follows partitions and APNs; /healthz is 200")
