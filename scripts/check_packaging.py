@@ -219,7 +219,8 @@ class SourceFacts:
         self.stop_extra = 0
         for path in sorted((self.root / "Sources/apns-fleet").rglob("*.swift")):
             text = read(path)
-            graceful = re.search(r"maximumGracefulShutdownDuration\s*=.*drainTimeoutSeconds.*\+\s*\.seconds\((\d+)\)", text)
+            # Assigned directly, or through the local constant the stop's watchdog shares.
+            graceful = re.search(r"(?:maximumGracefulShutdownDuration|gracefulBudget)\s*=.*drainTimeoutSeconds.*\+\s*\.seconds\((\d+)\)", text)
             cancel = re.search(r"maximumCancellationDuration\s*=\s*\.seconds\((\d+)\)", text)
             if graceful and cancel:
                 self.stop_extra = max(self.stop_extra, int(graceful.group(1)) + int(cancel.group(1)))

@@ -59,7 +59,11 @@ public final class APNsClientPool: Service, Sendable {
         /// GOAWAY) must not fail every request until the replacement is ready.
         var failingSlots: Set<Int> = []
         let slotCount: Int
-        var cannotConnect: Bool { failingSlots.count >= slotCount }
+        /// No connection is usable and every slot's last attempt to connect failed: waiting
+        /// would serve no one, so callers hear "connection failed" now, not at their deadline.
+        var cannotServe: Bool {
+            failingSlots.count >= slotCount && !assignment.entries.contains { $0.budget.isUsable }
+        }
         var lastConnectError: APNsClientError?
         var shutdownRequested = false
         var shutdownWaiters: [UnsafeContinuation<Void, Never>] = []
@@ -245,7 +249,7 @@ public final class APNsClientPool: Service, Sendable {
             // Its connection is gone: the stream goes back, but serves no one.
             state.assignment.restrict(connection: id) { $0.close(tokenAccepted: false) }
         }
-        if state.cannotConnect, !state.assignment.entries.contains(where: { $0.budget.isUsable }) {
+        if state.cannotServe {
             return .connectionFailed(state.lastConnectError?.message ?? "cannot connect to APNs")
         }
         return nil
@@ -406,9 +410,7 @@ public final class APNsClientPool: Service, Sendable {
                     state.connections[id] = nil
                     state.failingSlots.insert(slot)
                     state.lastConnectError = failure
-                    if !state.cannotConnect || state.assignment.entries.contains(where: { $0.budget.isUsable }) { return [] }
-                    // Nobody can be served: callers hear "connection failed" now, not at their deadline.
-                    return state.assignment.takeAllWaiters()
+                    return state.cannotServe ? state.assignment.takeAllWaiters() : []
                 }
                 if backoff.failures == 0 {
                     logger.warning("Cannot connect to APNs", metadata: ["apns.error": "\(failure.message)", "apns.slot": "\(slot)"])

@@ -191,14 +191,19 @@ struct FleetConfigurationDecoder {
         }
 
         let environmentName = try string(key("environment")) ?? "production"
-        let endpoint: AppConfiguration.Endpoint
-        switch environmentName {
-        case "production", "sandbox":
+        if environmentName == "production" || environmentName == "sandbox" {
             // Without `environment: custom` these would be ignored and the jobs would go to
             // Apple: a simulator's host and port left in a configuration must not do that.
             try refuseIgnored([key("host"), key("port")], because: "\(key("environment")) is \(environmentName); set it to custom to send to this host")
-            endpoint = environmentName == "production" ? .production : .sandbox
-            defaults.environment = environmentName == "production" ? .production : .sandbox
+        }
+        let endpoint: AppConfiguration.Endpoint
+        switch environmentName {
+        case "production":
+            endpoint = .production
+            defaults.environment = .production
+        case "sandbox":
+            endpoint = .sandbox
+            defaults.environment = .sandbox
         case "custom":
             guard let host = try string(key("host")) else {
                 throw ConfigurationError(key: key("host"), "is required with environment custom")
@@ -362,21 +367,21 @@ struct FleetConfigurationDecoder {
     /// `topics.dlq: apns.jobs` would read every DLQ copy back as a job, reject it again, and
     /// publish it again, forever.
     private func topics(defaults: TopicNames) throws(ConfigurationError) -> TopicNames {
-        let topics = TopicNames(
-            jobs: try topicName("topics.jobs", default: defaults.jobs),
-            retry: try topicName("topics.retry", default: defaults.retry),
-            deadLetter: try topicName("topics.dlq", default: defaults.deadLetter),
-            results: try topicName("topics.results", default: defaults.results),
-            tokenEvents: try topicName("topics.token-events", default: defaults.tokenEvents)
-        )
-        let keys = ["topics.jobs", "topics.retry", "topics.dlq", "topics.results", "topics.token-events"]
         var owners: [String: String] = [:]
-        for (key, topic) in zip(keys, topics.all) {
+        func topic(_ key: String, default defaultValue: String) throws(ConfigurationError) -> String {
+            let topic = try topicName(key, default: defaultValue)
             if let other = owners.updateValue(key, forKey: topic) {
                 throw ConfigurationError(key: key, "is \(topic), the same topic as \(other); each of the five topics must be its own")
             }
+            return topic
         }
-        return topics
+        return TopicNames(
+            jobs: try topic("topics.jobs", default: defaults.jobs),
+            retry: try topic("topics.retry", default: defaults.retry),
+            deadLetter: try topic("topics.dlq", default: defaults.deadLetter),
+            results: try topic("topics.results", default: defaults.results),
+            tokenEvents: try topic("topics.token-events", default: defaults.tokenEvents)
+        )
     }
 
     /// A Kafka topic name: 1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or `..` (Kafka's own rule,

@@ -67,9 +67,9 @@ struct FleetProcess {
             cancellationSignals: [],
             logger: logger
         )
-        configuration.maximumGracefulShutdownDuration = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000)) + .seconds(15)
+        let gracefulBudget = Duration.milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000)) + .seconds(15)
+        configuration.maximumGracefulShutdownDuration = gracefulBudget
         configuration.maximumCancellationDuration = .seconds(5)
-        let gracefulBudget = configuration.maximumGracefulShutdownDuration ?? .seconds(40)
         let group = ServiceGroup(configuration: configuration)
         // One handler for both signals, installed before the group runs so none is missed.
         let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
