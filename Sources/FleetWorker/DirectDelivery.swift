@@ -71,6 +71,9 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
                     // device would get back-to-back requests); left for the group to redo.
                     return self.abandon()
                 }
+                // Its partition moved on during the backoff (lost, or revoked past its drain):
+                // the new owner redoes the job; sending here too reaches the device twice.
+                guard self.worker.consumer.isCurrent(self.record) else { return self.abandon() }
                 self.start()
             }, ifStopped: abandon)
         }

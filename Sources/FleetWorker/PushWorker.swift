@@ -366,11 +366,11 @@ public final class PushWorker: Service, Sendable {
         let outcomes: [TokenOutcome?]
         if job.tokens.count == 1, let token = job.tokens.first {
             // Most jobs have one token: no task group (and its allocations) for them.
-            outcomes = [await deliver(token: token, of: job)]
+            outcomes = [await deliver(token: token, of: job, record: record)]
         } else {
             outcomes = await withTaskGroup(of: TokenOutcome?.self, returning: [TokenOutcome?].self) { group in
                 for token in job.tokens {
-                    group.addTask { await self.deliver(token: token, of: job) }
+                    group.addTask { await self.deliver(token: token, of: job, record: record) }
                 }
                 var outcomes: [TokenOutcome?] = []
                 outcomes.reserveCapacity(job.tokens.count)
@@ -379,7 +379,8 @@ public final class PushWorker: Service, Sendable {
             }
         }
 
-        // A token cancelled during its backoff has no outcome: the record is left unfinished.
+        // A token cancelled during its backoff, or whose partition moved on meanwhile, has no
+        // outcome: the record is left unfinished.
         let settled = outcomes.compactMap { $0 }
         guard settled.count == outcomes.count else { return false }
         return await publish(outcomeMessages(settled, of: job, record: record), for: record, progress: Self.progressOfLater(settled))
@@ -528,7 +529,7 @@ public final class PushWorker: Service, Sendable {
 
     /// Sends one notification, retrying in process as the policy says.
     /// Nil when cancelled while waiting to try again: not sent without its backoff.
-    private func deliver(token: DeviceToken, of job: JobInFlight) async -> TokenOutcome? {
+    private func deliver(token: DeviceToken, of job: JobInFlight, record: KafkaRecord) async -> TokenOutcome? {
         let notification = makeNotification(token: token, of: job)
         var progress = SendProgress(attempts: job.previousAttempts)
         while true {
@@ -541,6 +542,9 @@ public final class PushWorker: Service, Sendable {
             case .retryInProcess(let delay):
                 // Only this device waits; the job's other tokens carry on.
                 do { try await Task.sleep(for: .milliseconds(delay)) } catch { return nil }
+                // The partition may have moved on during the backoff (lost, or revoked past its
+                // drain): its new owner redoes the job, so sending here too reaches the device twice.
+                guard consumer.isCurrent(record) else { return nil }
             }
         }
     }

@@ -234,6 +234,45 @@ extension RetryPathTests {
 }
 
 extension RetryPathTests {
+    @Test("a notification waiting out its in-process backoff is not sent again once its partition is lost")
+    func backoffOutlivingThePartitionDoesNotSendAgain() async throws {
+        // The first attempt of each notification is answered 503; the in-process backoff (15–30 s)
+        // outlasts the loss of the partition (6 s of session, plus detection), after which the
+        // same consumer is assigned it again and redoes the jobs from the committed offset.
+        let retry = RetryPolicy(inProcessAttempts: 3, maxAttempts: 5, baseDelayMilliseconds: 30_000, maxDelayMilliseconds: 30_000)
+        let fleet = try await InProcessFleet.start(behaviour: .init(), retry: retry, maxInFlight: 10)
+        let simulator = fleet.backends.simulator
+        try simulator.setFaults(.init(serviceUnavailableRate: 1))
+        // One token (sent without a task) and two (a task per token): both paths retry in process.
+        let jobs = [
+            fleet.job(#"{"id":"solo","token":"\#(InProcessFleet.token(1))","payload":{}}"#),
+            fleet.job(#"{"id":"fan","tokens":["\#(InProcessFleet.token(2))","\#(InProcessFleet.token(3))"],"payload":{}}"#),
+        ]
+        let answered503At = Shared<ContinuousClock.Instant?>(nil)
+        let lostAt = Shared<ContinuousClock.Instant?>(nil)
+        let outcome = try await fleet.run(jobs, timeout: 75) { results, _ in
+            if answered503At.value == nil, simulator.counters.snapshot().totals.requests == 3 {
+                answered503At.update { $0 = .now }
+                try simulator.setFaults(.init())
+                // The only broker, and so the group coordinator, goes away until the session
+                // expires: the assignment is lost, not revoked.
+                try fleet.backends.cluster.setBrokerDown(1)
+            } else if answered503At.value != nil, lostAt.value == nil, fleet.consumer.assignment.isEmpty {
+                lostAt.update { $0 = .now }
+                try fleet.backends.cluster.setBrokerUp(1)
+            }
+            // Done once every backoff is over (30 s at most), and the jobs were redone.
+            guard let answered = answered503At.value else { return false }
+            return results.count >= 3 && answered.duration(to: .now) > .seconds(32)
+        }
+        let answered = try #require(answered503At.value)
+        let lost = try #require(lostAt.value, "the partition was never lost")
+        #expect(answered.duration(to: lost) < .seconds(15), "lost after the shortest backoff had ended")
+        #expect(outcome.results.count == 3, "\(outcome.results.map { "\($0.jobID) \($0.outcome) attempts \($0.attempts)" })")
+        #expect(outcome.results.allSatisfy { $0.outcome == .delivered && $0.attempts == 1 }, "redone by the partition's new assignment")
+        #expect(simulator.counters.snapshot().totals.requests == 6, "three 503s, then each notification once")
+    }
+
     /// The simulator answering every request 503, and a quick retry policy: one attempt in
     /// process, the rest from the retry topic.
     static func alwaysUnavailable(maxAttempts: Int) -> (APNsSimulatorConfiguration.Behaviour, RetryPolicy) {
