@@ -146,9 +146,9 @@ public final class PushWorker: Service, Sendable {
         var batches = consumer.batches.makeAsyncIterator()
         while true {
             // While the loop works through a batch (and waits for slots), a partition of it may
-            // move on; only if a rebalance happened meanwhile (one atomic load per record) is
-            // each record checked. Read before the batch is taken: the consumer counts a
-            // rebalance as its partitions change hands, under the lock the batch is checked
+            // move on, or start being revoked; only if a rebalance happened meanwhile (one atomic
+            // load per record) is each record checked. Read before the batch is taken: the
+            // consumer counts a rebalance as it starts, under the lock the batch is checked
             // under, so one that comes after the batch was checked always shows here.
             let rebalances = consumer.rebalances
             guard let batch = await batches.next() else { break }
@@ -160,15 +160,19 @@ public final class PushWorker: Service, Sendable {
                     group.addTask { await self.processWhenDue(record, waitMilliseconds: wait) }
                     continue
                 }
+                // The record's partition may have moved on (revoked, or lost): the new owner
+                // sends it, so sending it here too would only reach the device twice. Or it is
+                // being revoked: its drain should not wait for work that has not started (under
+                // back-pressure, a batch's worth of it). Either way it is left to the next owner.
+                if !mayBeStale, consumer.rebalances != rebalances { mayBeStale = true }
+                if mayBeStale, !consumer.claim(record) { continue }
                 // Decoded before it takes its slots, so that a job counts by its real tokens.
                 let admission = admit(record)
                 let weight = admission.weight
-                // The record's partition may have moved on (revoked past the drain, or lost):
-                // the new owner sends it, so sending it here too would only reach the device
-                // twice. Left unfinished.
                 await limiter.acquire(weight)
+                // Again: waiting for slots under back-pressure can take long.
                 if !mayBeStale, consumer.rebalances != rebalances { mayBeStale = true }
-                if mayBeStale, !consumer.isCurrent(record) {
+                if mayBeStale, !consumer.claim(record) {
                     limiter.release(weight)
                     continue
                 }

@@ -122,9 +122,16 @@ public final class KafkaConsumer: Service, Sendable {
     /// drain is over. Work of it that has not started should not start.
     public func isRevoking(_ partition: TopicPartition) -> Bool { core.isRevoking(partition) }
 
-    /// Counts rebalances (partitions assigned, revoked or lost), each as its partitions change
-    /// hands. Reading it is one atomic load: a caller that read it *before* taking a batch and
-    /// reads the same value later need not ask ``isCurrent(_:)`` about that batch's records.
+    /// Whether work on `record` may start now: its partition is still this member's under the
+    /// assignment the record was fetched in, and not being revoked. When it is being revoked, the
+    /// record is left for the partition's next owner: the drain stops waiting for it, and the
+    /// offset stored for the partition stays below it. Call it before starting each record of a
+    /// batch during which ``rebalances`` changed; never mark a record finished that it refused.
+    public func claim(_ record: KafkaRecord) -> Bool { core.claim(record) }
+
+    /// Counts rebalances (partitions assigned, revoked or lost, and revocations starting), each
+    /// as it happens. Reading it is one atomic load: a caller that read it *before* taking a batch
+    /// and reads the same value later need not ask ``claim(_:)`` about that batch's records.
     public var rebalances: UInt64 { core.rebalances.load(ordering: .acquiring) }
 
     /// Records the drain at close gave up unfinished because it ran out of time: the group
@@ -377,6 +384,17 @@ final class ConsumerCore: @unchecked Sendable {
     func assignedPartitions() -> [TopicPartition] { locked { Array(assigned) } }
     func isCurrent(_ record: KafkaRecord) -> Bool { locked { tracker.epoch(of: record.topicPartition) == record.assignmentEpoch } }
     func isRevoking(_ partition: TopicPartition) -> Bool { locked { revoking.contains(partition) } }
+
+    func claim(_ record: KafkaRecord) -> Bool {
+        locked {
+            let partition = record.topicPartition
+            guard tracker.epoch(of: partition) == record.assignmentEpoch else { return false }
+            guard !revoking.isEmpty, revoking.contains(partition) else { return true }
+            // The drain waiting for this partition may now be done.
+            if tracker.leftUnstarted(partition, offset: record.offset, epoch: record.assignmentEpoch) { lock.broadcast() }
+            return false
+        }
+    }
     let rebalances = Atomic<UInt64>(0)
     func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
     func inFlightCount() -> Int {
@@ -960,10 +978,10 @@ final class ConsumerCore: @unchecked Sendable {
         if !partitions.isEmpty { onLoss?(partitions) }
     }
 
-    /// Counts a rebalance in the critical section that changes the partitions' epochs, before
-    /// it does: a batch is checked against the epochs under the same lock, so a reader that
-    /// read the count before taking a batch, and reads it unchanged afterwards, holds no record
-    /// a rebalance made stale.
+    /// Counts a rebalance in the critical section that changes the partitions' epochs (or starts
+    /// a revocation), before it does: a batch is checked against the epochs and the revoking
+    /// partitions under the same lock, so a reader that read the count before taking a batch,
+    /// and reads it unchanged afterwards, holds no record a rebalance made stale or revoking.
     private func countRebalanceLocked() {
         rebalances.add(1, ordering: .releasing)
     }
@@ -991,7 +1009,12 @@ final class ConsumerCore: @unchecked Sendable {
         let id = nextRevocationID
         nextRevocationID += 1
         var hookPending = false
-        locked { revoking.formUnion(partitions) }
+        locked {
+            revoking.formUnion(partitions)
+            // A caller holding records of these partitions sees the count move, and asks
+            // `claim` before starting each: what has not started is left to the next owner.
+            countRebalanceLocked()
+        }
         if hasRevocationHandler {
             locked { pendingRevocations.insert(id) }
             if case .enqueued = revocationContinuation.yield(RevocationRequest(id: id, partitions: partitions)) {
@@ -1006,7 +1029,7 @@ final class ConsumerCore: @unchecked Sendable {
         lock.lock()
         var timedOut = false
         applyCompletionsLocked()
-        while (hookPending && pendingRevocations.contains(id)) || partitions.contains(where: { tracker.inFlight($0) > 0 }) {
+        while (hookPending && pendingRevocations.contains(id)) || partitions.contains(where: { tracker.inProgress($0) > 0 }) {
             if Date() >= deadline {
                 timedOut = true
                 break
@@ -1016,7 +1039,7 @@ final class ConsumerCore: @unchecked Sendable {
             _ = lock.wait(until: min(deadline, Date(timeIntervalSinceNow: 0.005)))
             applyCompletionsLocked()
         }
-        let remaining = partitions.reduce(0) { $0 + tracker.inFlight($1) }
+        let remaining = partitions.reduce(0) { $0 + tracker.inProgress($1) }
         pendingRevocations.remove(id)
         lock.unlock()
         if timedOut {

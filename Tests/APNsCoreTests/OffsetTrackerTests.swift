@@ -124,6 +124,41 @@ struct OffsetTrackerTests {
         #expect(r26 == .advanced(to: 2))
     }
 
+    @Test("records left unstarted are not waited for, and hold the stored offset below them")
+    func leftUnstartedRecords() {
+        var tracker = OffsetTracker()
+        let epoch = tracker.assign(p0)
+        for offset in 0..<5 { tracker.dispatched(p0, offset: Int64(offset)) }
+        _ = tracker.finished(p0, offset: 0, epoch: epoch)
+        _ = tracker.finished(p0, offset: 3, epoch: epoch)
+        #expect(tracker.inProgress(p0) == 3, "3 finished early: it waits only for 1 and 2")
+        // 1 is still being worked on; 2 and 4 will not start.
+        let left = [2, 4, 4].map { tracker.leftUnstarted(p0, offset: $0, epoch: epoch) }
+        #expect(left == [true, true, true])
+        #expect(tracker.inProgress(p0) == 1 && tracker.inFlight(p0) == 4, "asking twice counts once")
+        // Finished already, released already, never dispatched, another assignment's.
+        let refused = [(3, epoch), (0, epoch), (9, epoch), (1, epoch + 1)].map { tracker.leftUnstarted(p0, offset: Int64($0.0), epoch: $0.1) }
+        #expect(refused == [false, false, false, false])
+        _ = tracker.finished(p0, offset: 1, epoch: epoch)
+        #expect(tracker.inProgress(p0) == 0, "3, finished, waits behind 2, which will not start: nothing to wait for")
+        #expect(tracker.revoke(p0) == 2, "the next owner starts at the first record left unstarted")
+    }
+
+    @Test("a record left unstarted that finishes after all counts as finished")
+    func leftUnstartedThenFinished() {
+        var tracker = OffsetTracker()
+        let epoch = tracker.assign(p0)
+        for offset in 0..<2 { tracker.dispatched(p0, offset: Int64(offset)) }
+        let left = tracker.leftUnstarted(p0, offset: 0, epoch: epoch)
+        #expect(left && tracker.inProgress(p0) == 1)
+        let first = tracker.finished(p0, offset: 0, epoch: epoch)
+        #expect(first == .advanced(to: 1))
+        #expect(tracker.inProgress(p0) == 1, "only 1 is left, and it is in progress")
+        let second = tracker.finished(p0, offset: 1, epoch: epoch)
+        #expect(second == .advanced(to: 2))
+        #expect(tracker.inProgress(p0) == 0)
+    }
+
     @Test func revocationBeforeAnythingFinishedStoresNothing() {
         var tracker = OffsetTracker()
         tracker.assign(p0)

@@ -202,6 +202,36 @@ extension RetryPathTests {
         }
     }
 
+    @Test("under back-pressure, jobs not started when the consumer closes are left to the group, not started during the drain")
+    func jobsWaitingForSlotsAreNotStartedDuringTheDrain() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        // One notification in flight at a time, each answered after 3 s: the other jobs wait
+        // for the slot, as behind a full in-flight bound.
+        behaviour.latency = .seconds(3)
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 1)
+        let simulator = fleet.backends.simulator
+        let jobs = (0..<5).map { fleet.job(#"{"id":"held-\#($0)","token":"\#(InProcessFleet.token($0))","payload":{}}"#) }
+        let closedAt = Shared<ContinuousClock.Instant?>(nil)
+        let firstSentAt = Shared<ContinuousClock.Instant?>(nil)
+        let outcome = try await fleet.run(jobs) { _, _ in
+            if firstSentAt.value == nil, simulator.counters.snapshot().totals.requests == 1 {
+                firstSentAt.update { $0 = .now }
+            }
+            // A second into the first answer's 3 s, the other jobs wait for its slot.
+            if closedAt.value == nil, let sent = firstSentAt.value, sent.duration(to: .now) > .seconds(1) {
+                closedAt.update { $0 = .now }
+                fleet.consumer.close()
+            }
+            return closedAt.value != nil && fleet.consumer.assignment.isEmpty
+        }
+        let drained = try #require(closedAt.value).duration(to: .now)
+        // Starting them one after another would take the drain timeout (10 s).
+        #expect(drained < .seconds(6), "the drain took \(drained)")
+        #expect(simulator.counters.snapshot().totals.requests == 1, "only the job in flight was sent")
+        #expect(outcome.results.count == 1, "\(outcome.results.map(\.jobID))")
+        #expect(fleet.consumer.recordsLeftUnfinished == 0, "the drain finished: the jobs left unstarted are the group's to redo")
+    }
+
     @Test("a retry record waiting for its not-before is dropped when its partition is lost, not sent by two members")
     func waitingRetryIsDroppedWhenThePartitionIsLost() async throws {
         let fleet = try await InProcessFleet.start(behaviour: .init(), retry: RetryPolicy(), maxInFlight: 10)

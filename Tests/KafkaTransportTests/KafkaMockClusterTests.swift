@@ -147,6 +147,71 @@ struct KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(5))
     }
 
+    @Test("records of a revoking partition its holder will not start are left to the next owner: the drain does not wait for them")
+    func unstartedRecordsAreLeftToTheNextOwner() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("handed", partitions: 2)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        for partition in Int32(0)..<2 {
+            for index in 0..<5 {
+                try await producer.send(KafkaOutgoingMessage(topic: "handed", partition: partition, key: nil, value: "p\(partition)-\(index)".bytes))
+            }
+        }
+        // Far longer than the test waits: a drain that waited for the records would time out.
+        var configurationA = consumerConfiguration(cluster, group: "handed-group", topics: ["handed"])
+        configurationA.drainTimeout = .seconds(40)
+        let a = try KafkaConsumer(configuration: configurationA, logger: testLogger)
+        let b = try KafkaConsumer(configuration: consumerConfiguration(cluster, group: "handed-group", topics: ["handed"]), logger: testLogger)
+        let receivedB = ReceivedRecords()
+        let held = Shared<[KafkaRecord]>([])
+        let leftAt = Shared<ContinuousClock.Instant?>(nil)
+        let left = Shared<[KafkaRecord]>([])
+        try await withTimeout(120, "the rebalance and the close") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await a.run() }
+                group.addTask { for await batch in a.batches { held.update { $0 += batch } } }
+                try await waitUntil("A to take every record") { held.value.count == 10 }
+                // The first record of each partition is done; the rest wait, as behind a full
+                // in-flight bound.
+                let firsts = held.value.filter { $0.offset == 0 }
+                a.markFinished(firsts)
+                let waiting = held.value.filter { $0.offset > 0 }
+                let rebalancesBefore = a.rebalances
+                group.addTask { try await b.run() }
+                group.addTask { await consumeLoop(b, into: receivedB) }
+                // A, seeing a rebalance start, asks before starting each waiting record.
+                try await waitUntil("A to be refused the records of a revoking partition") {
+                    guard a.rebalances != rebalancesBefore else { return false }
+                    let refused = waiting.filter { record in !left.value.contains { $0.offset == record.offset && $0.partition == record.partition } && !a.claim(record) }
+                    if !refused.isEmpty {
+                        left.update { $0 += refused }
+                        if leftAt.value == nil { leftAt.update { $0 = .now } }
+                    }
+                    return left.value.count == 4
+                }
+                try await waitUntil("the revocation to end") { a.assignment.count == 1 }
+                let drained = try #require(leftAt.value).duration(to: .now)
+                #expect(drained < .seconds(10), "the drain took \(drained); it waited for records never started")
+                try await waitUntil("B to consume what A left") { receivedB.count >= 4 }
+                // A finishes the records of the partition it kept, and closes cleanly.
+                let kept = waiting.filter { record in !left.value.contains { $0.partition == record.partition } }
+                #expect(kept.count == 4 && kept.allSatisfy { a.claim($0) }, "the kept partition's records may start")
+                a.markFinished(kept)
+                try await Task.sleep(for: .milliseconds(500))
+                a.close()
+                b.close()
+                try await group.waitForAll()
+            }
+        }
+        let revoked = try #require(left.value.first?.partition)
+        #expect(Set(left.value.map(\.partition)) == [revoked], "only the revoked partition's records were refused")
+        // B starts at the first record A did not start: the finished one is not redone.
+        let ofRevoked = receivedB.all.filter { $0.partition == revoked }.map(\.offset).sorted()
+        #expect(ofRevoked == [1, 2, 3, 4], "B received offsets \(ofRevoked)")
+        #expect(a.recordsLeftUnfinished == 0)
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
     @Test func twoConsumersSplitPartitionsThroughARebalanceWithoutLoss() async throws {
         let cluster = try MockKafkaCluster(brokers: 3, logger: testLogger)
         try cluster.createTopic("split", partitions: 6)

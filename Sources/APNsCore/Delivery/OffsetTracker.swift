@@ -43,6 +43,9 @@ public struct OffsetTracker: Sendable {
         var head = 0
         /// Offsets in `pending[head...]` that finished before the head did.
         var finishedEarly: Set<Int64> = []
+        /// Offsets in `pending[head...]` the worker will not start (their partition is being
+        /// revoked): a drain does not wait for them, and they hold the storable offset below them.
+        var leftUnstarted: Set<Int64> = []
         /// One past the last released offset; `nil` until something was released this epoch.
         var storable: Int64?
         /// The storable offset last handed out by ``takeStorable()``.
@@ -106,8 +109,27 @@ public struct OffsetTracker: Sendable {
         return true
     }
 
+    /// Records that the record at `offset`, dispatched under `epoch` and not finished, will not be
+    /// started: ``inProgress(_:)`` stops counting it, and the storable offset stays below it, so
+    /// the partition's next owner does it. False when there is no such record.
+    @discardableResult
+    public mutating func leftUnstarted(_ partition: TopicPartition, offset: Int64, epoch: UInt64) -> Bool {
+        guard let index = partitions.index(forKey: partition) else { return false }
+        return Self.leaveUnstarted(offset, epoch: epoch, in: &partitions.values[index])
+    }
+
+    private static func leaveUnstarted(_ offset: Int64, epoch: UInt64, in state: inout PartitionState) -> Bool {
+        guard state.epoch == epoch, !state.finishedEarly.contains(offset), isPending(offset, in: state.pending, from: state.head) else {
+            return false
+        }
+        state.leftUnstarted.insert(offset)
+        return true
+    }
+
     private static func finish(_ offset: Int64, epoch: UInt64, in state: inout PartitionState) -> Completion {
         guard state.epoch == epoch, state.head < state.pending.count else { return .ignored }
+        // Done after all: it counts as any finished record.
+        if !state.leftUnstarted.isEmpty { state.leftUnstarted.remove(offset) }
         if state.pending[state.head] == offset {
             state.head += 1
             var released = offset
@@ -163,6 +185,14 @@ public struct OffsetTracker: Sendable {
     public func inFlight(_ partition: TopicPartition) -> Int {
         guard let state = partitions[partition] else { return 0 }
         return state.pending.count - state.head
+    }
+
+    /// The records of `partition` being worked on: in flight, less those finished early (they
+    /// wait only for earlier records) and those left unstarted. A revocation's drain waits for
+    /// these.
+    public func inProgress(_ partition: TopicPartition) -> Int {
+        guard let state = partitions[partition] else { return 0 }
+        return state.pending.count - state.head - state.finishedEarly.count - state.leftUnstarted.count
     }
 
     /// The number of records in flight over all partitions.
