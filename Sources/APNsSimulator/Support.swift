@@ -5,27 +5,42 @@ import Synchronization
 /// The per-device rate limit, shared by every connection (APNs counts per device, not per connection).
 final class DeviceRateLimiter: Sendable {
     private struct Window { var start: UInt64; var count: Int }
+    private struct State {
+        var windows: [String: Window] = [:]
+        var prunedAt: UInt64 = 0
+    }
+    /// Past this many devices, windows that are over are dropped, at most once per window.
+    static let pruneAbove = 100_000
     private let limit: Int
     private let window: UInt64
-    private let windows = Mutex<[String: Window]>([:])
+    private let state = Mutex(State())
 
     init(limit: Int, window: Duration) {
         self.limit = limit
         let (seconds, attoseconds) = window.components
-        self.window = max(1, UInt64(seconds) * 1_000_000_000 + UInt64(attoseconds / 1_000_000_000))
+        self.window = max(1, UInt64(max(0, seconds)) * 1_000_000_000 + UInt64(max(0, attoseconds) / 1_000_000_000))
     }
 
-    /// Counts one request for `token`; false when it is over the limit.
+    /// Devices with a window in force or not yet dropped.
+    var trackedDevices: Int { state.withLock { $0.windows.count } }
+
+    /// Counts one request for `token` at `now` (read by the caller, so possibly a little before a
+    /// request of another connection that took the lock first); false when it is over the limit.
     func admit(_ token: String, now: NIODeadline = .now()) -> Bool {
         let nanoseconds = now.uptimeNanoseconds
-        return windows.withLock { windows in
-            if windows.count > 100_000 {
-                windows = windows.filter { nanoseconds - $0.value.start < window }
+        let window = self.window
+        // Clocks read on several threads arrive out of order: a window that started "later" than
+        // `now` is simply still running.
+        func elapsed(since start: UInt64) -> UInt64 { nanoseconds > start ? nanoseconds - start : 0 }
+        return state.withLock { state in
+            if state.windows.count > Self.pruneAbove, elapsed(since: state.prunedAt) >= window {
+                state.windows = state.windows.filter { elapsed(since: $0.value.start) < window }
+                state.prunedAt = nanoseconds
             }
-            var entry = windows[token] ?? Window(start: nanoseconds, count: 0)
-            if nanoseconds - entry.start >= window { entry = Window(start: nanoseconds, count: 0) }
+            var entry = state.windows[token] ?? Window(start: nanoseconds, count: 0)
+            if elapsed(since: entry.start) >= window { entry = Window(start: nanoseconds, count: 0) }
             entry.count += 1
-            windows[token] = entry
+            state.windows[token] = entry
             return entry.count <= limit
         }
     }
