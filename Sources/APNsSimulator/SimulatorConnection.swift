@@ -463,12 +463,12 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         }
 
         // APNs drops the stream limit to 1 after a rejected notification until one is accepted.
-        if behaviour.dropToOneStreamAfterRejection {
-            if rejection != nil, advertisedMaxStreams != 1 {
-                setMaxConcurrentStreams(1)
-            } else if rejection == nil, advertisedMaxStreams != context.configuration.behaviour.maxConcurrentStreams {
-                setMaxConcurrentStreams(context.configuration.behaviour.maxConcurrentStreams)
-            }
+        // The rise does not depend on the behaviour in force: a run-time fault that dropped the
+        // limit may have been cleared since.
+        if rejection != nil {
+            if behaviour.dropToOneStreamAfterRejection { setMaxConcurrentStreams(1) }
+        } else if advertisedMaxStreams != context.configuration.behaviour.maxConcurrentStreams {
+            setMaxConcurrentStreams(context.configuration.behaviour.maxConcurrentStreams)
         }
         answered += 1
         if let limit = context.configuration.behaviour.goAwayAfterStreams, answered >= limit, !goingAway {

@@ -232,6 +232,19 @@ struct ClientIntegrationTests {
         }
     }
 
+    @Test("The stream limit a run-time fault dropped rises again after the fault is cleared")
+    func streamLimitRisesAfterTheFaultIsCleared() async throws {
+        try await withPool { pool, simulator, _ in
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            try simulator.setFaults(.init(dropToOneStreamAfterRejection: true))
+            #expect(await pool.send(Fixture.notification(token: Fixture.unregistered), timeout: .seconds(20)).status == 410)
+            #expect(await waitFor { pool.statistics.streamLimits == [1] }, "\(pool.statistics)")
+            try simulator.setFaults(.init())
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(20)).status == 200)
+            #expect(await waitFor { pool.statistics.streamLimits == [1000] }, "\(pool.statistics)")
+        }
+    }
+
     @Test("A request whose deadline passes is cancelled and reported as a timeout")
     func deadline() async throws {
         try await withPool(simulator: { $0.behaviour.latency = .seconds(3) }) { pool, simulator, _ in
