@@ -49,7 +49,9 @@ public struct ConnectionCounts: Sendable, Hashable, Codable {
 /// Everything counted so far.
 public struct SimulatorCountersSnapshot: Sendable, Hashable, Codable {
     public var connectionsOpened: Int
+    /// Over every connection so far.
     public var totals: SimulatorCounts
+    /// The open connections and the last ``SimulatorCounters/closedConnectionsListed`` closed ones.
     public var connections: [ConnectionCounts]
 
     /// Responses sent with this status.
@@ -78,9 +80,17 @@ public final class SimulatorCounters: Sendable {
     private struct State {
         var nextID: UInt64 = 1
         var connectionsOpened = 0
+        /// Open connections.
         var connections: [UInt64: ConnectionCounts] = [:]
-        var order: [UInt64] = []
+        /// Counts of every connection closed so far.
+        var closedTotals = SimulatorCounts()
+        /// The last closed connections, oldest first: a simulator serving for days under churning
+        /// connections (GOAWAY every few thousand streams) must not keep them all.
+        var recentlyClosed: [ConnectionCounts] = []
     }
+
+    /// How many closed connections the snapshot lists (their counts stay in the totals).
+    public static let closedConnectionsListed = 256
 
     private let state = Mutex(State())
 
@@ -92,13 +102,21 @@ public final class SimulatorCounters: Sendable {
             state.nextID += 1
             state.connectionsOpened += 1
             state.connections[id] = ConnectionCounts(id: id, transport: transport, authentication: authentication, remoteAddress: remoteAddress, open: true, counts: SimulatorCounts())
-            state.order.append(id)
             return id
         }
     }
 
+    /// Call after the connection's last counts were published: later ones are not counted.
     func closeConnection(_ id: UInt64) {
-        state.withLock { $0.connections[id]?.open = false }
+        state.withLock { state in
+            guard var connection = state.connections.removeValue(forKey: id) else { return }
+            connection.open = false
+            state.closedTotals.add(connection.counts)
+            if state.recentlyClosed.count >= Self.closedConnectionsListed {
+                state.recentlyClosed.removeFirst(state.recentlyClosed.count - Self.closedConnectionsListed + 1)
+            }
+            state.recentlyClosed.append(connection)
+        }
     }
 
     /// Applies `body` to connection `id`'s counts under the lock.
@@ -124,17 +142,17 @@ public final class SimulatorCounters: Sendable {
         pending.reset()
     }
 
+    /// The totals over every connection so far; the open connections and the last
+    /// ``closedConnectionsListed`` closed ones, by id.
     public func snapshot() -> SimulatorCountersSnapshot {
-        state.withLock { state in
-            var totals = SimulatorCounts()
-            var connections: [ConnectionCounts] = []
-            for id in state.order {
-                guard let connection = state.connections[id] else { continue }
-                totals.add(connection.counts)
-                connections.append(connection)
-            }
-            return SimulatorCountersSnapshot(connectionsOpened: state.connectionsOpened, totals: totals, connections: connections)
+        let (opened, closedTotals, recentlyClosed, open) = state.withLock { state in
+            (state.connectionsOpened, state.closedTotals, state.recentlyClosed, Array(state.connections.values))
         }
+        // Summed and sorted outside the lock, which every connection's answers need.
+        var totals = closedTotals
+        for connection in open { totals.add(connection.counts) }
+        let connections = recentlyClosed + open.sorted { $0.id < $1.id }
+        return SimulatorCountersSnapshot(connectionsOpened: opened, totals: totals, connections: connections.sorted { $0.id < $1.id })
     }
 
     private static let statusTexts: [Int: String] = Dictionary(uniqueKeysWithValues: [200, 400, 403, 404, 405, 410, 413, 429, 500, 503].map { ($0, String($0)) })
