@@ -39,8 +39,9 @@ public struct APNsSimulatorConfiguration: Sendable {
     public struct TLS: Sendable {
         public var certificateChainPEM: String
         public var privateKeyPEM: String
-        /// Client certificates are requested and, when presented, must chain to this CA; the
-        /// connection then uses certificate auth. Nil: clients use token auth only. Default: nil.
+        /// On the HTTP/2 ports, client certificates are requested and, when presented, must chain
+        /// to this CA; the connection then uses certificate auth. On the legacy TLS ports one is
+        /// required. Nil: clients use token auth only. Default: nil.
         public var clientCAPEM: String?
 
         public init(certificateChainPEM: String, privateKeyPEM: String, clientCAPEM: String? = nil) {
