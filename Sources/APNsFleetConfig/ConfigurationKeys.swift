@@ -56,7 +56,7 @@ public enum ConfigurationKeys {
         .init("app.<name>.private-key-file", "path", "(none)", "Client private key, PEM (certificate auth)."),
         .init("app.<name>.pkcs12-file", "path", "(none)", "Client certificate and key as PKCS#12 (certificate auth)."),
         .init("app.<name>.certificate-password", "secret string", "(none)", "Password of the PEM key or PKCS#12 bundle.", secret: true),
-        .init("app.<name>.topic", "string", "(none)", "Default apns-topic for this app's jobs."),
+        .init("app.<name>.topic", "string", "(none)", "Default apns-topic for this app's jobs: its bundle id (a push type that needs a suffix, such as `.voip`, gets it appended)."),
         .init("app.<name>.topics", "list of strings", "(none)", "Topics routed to this app when a job names no app."),
         .init("app.<name>.push-type", "push type", "alert", "Default apns-push-type."),
         .init("app.<name>.priority", "10 | 5 | 1", "10", "Default apns-priority."),

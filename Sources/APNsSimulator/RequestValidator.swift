@@ -268,17 +268,4 @@ extension PushType {
         }
         return best?.type ?? .alert
     }
-
-    /// The suffix the topic of this push type must carry (`.voip` for VoIP), if any.
-    public var requiredTopicSuffix: String? {
-        switch self {
-        case .voip: ".voip"
-        case .complication: ".complication"
-        case .fileprovider: ".pushkit.fileprovider"
-        case .liveactivity: ".push-type.liveactivity"
-        case .location: ".location-query"
-        case .pushtotalk: ".voip-ptt"
-        case .alert, .background, .mdm, .widgets, .controls: nil
-        }
-    }
 }

@@ -116,6 +116,45 @@ struct ResolutionTests {
         #expect(try job.resolved(defaults: JobDefaults(topic: "t", pushType: .voip)).pushType == .voip)
     }
 
+    @Test("a push type that needs its own topic gets the suffix on the app's bundle id; a stated topic without it is refused")
+    func topicSuffixOfThePushType() throws {
+        func job(_ fields: String) throws -> NotificationJob {
+            try JobDecoder().decodeEnvelope(Array(#"{"token":"\#(tokenA)",\#(fields)"payload":{}}"#.utf8))
+        }
+        let app = JobDefaults(topic: "com.example.app")
+        #expect(try job(#""push_type":"voip","#).resolved(defaults: app).topic == "com.example.app.voip")
+        #expect(try job(#""push_type":"liveactivity","#).resolved(defaults: app).topic == "com.example.app.push-type.liveactivity")
+        #expect(try job(#""push_type":"alert","#).resolved(defaults: app).topic == "com.example.app")
+        // An app whose default push type is VoIP, configured with the suffixed topic already.
+        #expect(try job("").resolved(defaults: JobDefaults(topic: "com.example.app.voip", pushType: .voip)).topic == "com.example.app.voip")
+        #expect(try job(#""topic":"com.example.app.voip","push_type":"voip","#).resolved(defaults: app).topic == "com.example.app.voip")
+        #expect(throws: JobRejection(
+            field: "topic", "topic 'com.example.app' does not end in '.voip' after the bundle id, which APNs requires for push type voip (it answers BadTopic)"
+        )) {
+            try job(#""topic":"com.example.app","push_type":"voip","#).resolved(defaults: app)
+        }
+        #expect(throws: JobRejection.self, "the suffix alone is no topic") {
+            try job(#""topic":".voip","push_type":"voip","#).resolved(defaults: app)
+        }
+    }
+
+    @Test("a background push is sent at priority 5 unless the job says 1; 10 is refused")
+    func backgroundPriority() throws {
+        func job(_ fields: String) throws -> NotificationJob {
+            try JobDecoder().decodeEnvelope(Array(#"{"token":"\#(tokenA)","push_type":"background",\#(fields)"payload":{"aps":{"content-available":1}}}"#.utf8))
+        }
+        let app = JobDefaults(topic: "com.example.app")
+        #expect(try job("").resolved(defaults: app).priority == .powerConsiderate, "the app's default of 10 is for alerts")
+        #expect(try job("").resolved(defaults: JobDefaults(topic: "t", priority: .low)).priority == .low)
+        #expect(try job(#""priority":1,"#).resolved(defaults: app).priority == .low)
+        #expect(throws: JobRejection(field: "priority", "priority 10 is not allowed for push type background (APNs answers BadPriority); use 5 or 1")) {
+            try job(#""priority":10,"#).resolved(defaults: app)
+        }
+        // Alerts keep the app's default.
+        let alert = try JobDecoder().decodeEnvelope(Array(#"{"token":"\#(tokenA)","payload":{}}"#.utf8))
+        #expect(try alert.resolved(defaults: app).priority == .immediate)
+    }
+
     @Test("apps are chosen by name, then by topic, then by default; unknown apps are named")
     func appSelection() throws {
         let key = AppConfiguration.Authentication.token(keyFile: "/k.p8", keyID: "ABC123DEFG", teamID: "DEF123GHIJ")

@@ -19,7 +19,8 @@ struct SchemaTests {
     /// Whether the Swift side accepts an example of a contract.
     static func swiftAccepts(_ contract: String, _ bytes: [UInt8]) -> Bool {
         switch contract {
-        case "job": (try? JobDecoder().decodeEnvelope(bytes)) != nil
+        // Resolved against an app whose topic is its bundle id, as the worker does.
+        case "job": (try? JobDecoder().decodeEnvelope(bytes).resolved(defaults: JobDefaults(topic: "com.example.app"))) != nil
         case "result": (try? NotificationResult(decoding: bytes)) != nil
         case "token-event": (try? TokenEvent(decoding: bytes)) != nil
         default: false

@@ -8,6 +8,20 @@ public enum PushType: String, Sendable, CaseIterable, Hashable {
     }
 
     static let allNames = allCases.map(\.rawValue).joined(separator: ", ")
+
+    /// The suffix the topic of this push type must carry after the bundle id (`.voip` for
+    /// VoIP), if any.
+    public var requiredTopicSuffix: String? {
+        switch self {
+        case .voip: ".voip"
+        case .complication: ".complication"
+        case .fileprovider: ".pushkit.fileprovider"
+        case .liveactivity: ".push-type.liveactivity"
+        case .location: ".location-query"
+        case .pushtotalk: ".voip-ptt"
+        case .alert, .background, .mdm, .widgets, .controls: nil
+        }
+    }
 }
 
 /// The `apns-priority` values APNs accepts.
@@ -140,10 +154,25 @@ public struct ResolvedJob: Sendable, Hashable {
 
 extension NotificationJob {
     /// Fills omitted fields from the app's defaults and checks the rules that depend on them
-    /// (a topic must exist in the end; the payload limit depends on the push type).
+    /// (a topic must exist in the end; ``checkRules(pushType:)`` against the push type).
     public func resolved(defaults: JobDefaults, appName: String? = nil) throws(JobRejection) -> ResolvedJob {
         let settled = try settledFields(defaults: defaults, appName: appName)
         return ResolvedJob(job: self, topic: settled.topic, pushType: settled.pushType, priority: settled.priority, environment: settled.environment)
+    }
+
+    /// The rules between the job's own fields and its push type, which APNs would refuse the
+    /// job for every time: the payload limit, a stated topic's suffix, a background push at
+    /// priority 10.
+    public func checkRules(pushType: PushType) throws(JobRejection) {
+        if let topic, let suffix = pushType.requiredTopicSuffix, !topic.hasSuffix(suffix) || topic.utf8.count == suffix.utf8.count {
+            throw JobRejection(
+                field: "topic", "topic '\(topic)' does not end in '\(suffix)' after the bundle id, which APNs requires for push type \(pushType.rawValue) (it answers BadTopic)"
+            )
+        }
+        if pushType == .background, priority == .immediate {
+            throw JobRejection(field: "priority", "priority 10 is not allowed for push type background (APNs answers BadPriority); use 5 or 1")
+        }
+        try JobRules.checkPayloadSize(payload.count, pushType: pushType)
     }
 
     /// What `resolved` settles, without making the `ResolvedJob`: the intake checks everything
@@ -151,12 +180,28 @@ extension NotificationJob {
     func settledFields(defaults: JobDefaults, appName: String?) throws(JobRejection)
         -> (topic: String, pushType: PushType, priority: NotificationPriority, environment: APNsEnvironment)
     {
-        guard let topic = topic ?? defaults.topic else {
+        let pushType = pushType ?? defaults.pushType
+        try checkRules(pushType: pushType)
+        let topic: String
+        if let stated = self.topic {
+            topic = stated
+        } else if let bundle = defaults.topic {
+            // The app's topic is its bundle id: a push type that needs its own topic (`.voip` for
+            // VoIP, and so on) gets the suffix, as APNs derives it when a provider omits the topic.
+            let suffix = pushType.requiredTopicSuffix ?? ""
+            topic = bundle.hasSuffix(suffix) ? bundle : bundle + suffix
+        } else {
             let app = appName.map { " and app '\($0)' has no default topic" } ?? ""
             throw JobRejection(field: "topic", "no topic: the job has none\(app)")
         }
-        let pushType = pushType ?? defaults.pushType
-        try JobRules.checkPayloadSize(payload.count, pushType: pushType)
-        return (topic, pushType, priority ?? defaults.priority, environment ?? defaults.environment)
+        let priority: NotificationPriority
+        if pushType == .background, self.priority == nil, defaults.priority == .immediate {
+            // The app's default, meant for alerts, gives way to 5: APNs refuses background
+            // pushes sent for immediate delivery.
+            priority = .powerConsiderate
+        } else {
+            priority = self.priority ?? defaults.priority
+        }
+        return (topic, pushType, priority, environment ?? defaults.environment)
     }
 }

@@ -195,9 +195,9 @@ struct JobValidation {
         }
         do {
             let job = try decoder.decode(value: value, headers: headers)
-            // Without a configuration the topic may still come from an app's defaults, so
-            // only the payload limit of the default push type is applied here.
-            try JobRules.checkPayloadSize(job.payload.count, pushType: job.pushType ?? .alert)
+            // Without a configuration the topic and push type may still come from an app's
+            // defaults: only the job's own fields are checked, against its push type or alert.
+            try job.checkRules(pushType: job.pushType ?? .alert)
             return .valid(job, topic: job.topic, app: job.app)
         } catch {
             return .invalid(error)
