@@ -70,6 +70,36 @@ struct JobIntakeTests {
         #expect(badPayload.results.first?.reason == "tokens[1]: device token is not hex: character 1 is 'z'")
     }
 
+    @Test("a header-encoded job refused is named by its record, not by keys of its APNs payload")
+    func refusedHeaderJobKeepsItsOwnIdentity() {
+        // The payload is the app's own JSON: its `id` and `tokens` keys say nothing about the job.
+        let payload = #"{"aps":{},"id":"promo-1","tokens":["\#(tokenB)"]}"#
+        guard case .rejected(let badPriority) = accept(payload, headers: [RecordHeader("apns-token", tokenA), RecordHeader("apns-priority", "7")]) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(badPriority.results.map(\.jobID) == ["apns.jobs-2-40"])
+        #expect(badPriority.results.map(\.token) == [tokenA])
+        guard case .rejected(let emptyToken) = accept(payload, headers: [RecordHeader("apns-token", "")]) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(emptyToken.results.map(\.token) == [""], "one result, under no token: the payload's tokens are not the job's")
+        #expect(emptyToken.results.map(\.jobID) == ["apns.jobs-2-40"])
+    }
+
+    @Test("a record over the size limit still gets its results under its own id and tokens")
+    func oversizeRecordKeepsItsIdentity() {
+        let filler = String(repeating: "x", count: 600 * 1024)
+        guard case .rejected(let rejected) = accept(#"{"id":"huge","tokens":["\#(tokenA)","\#(tokenB)"],"payload":{"f":"\#(filler)"}}"#) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.map(\.jobID) == ["huge", "huge"])
+        #expect(rejected.results.map(\.token) == [tokenA, tokenB])
+        #expect(rejected.rejection.reason.contains("at most 524288 are accepted"), "\(rejected.rejection.reason)")
+    }
+
     @Test("a retry record keeps its job id, attempt count, not-before time and remaining tokens")
     func retryRecord() {
         let retry = RetryHeaders(attempt: 3, notBefore: UnixMillis(now.value + 500), lastReason: "ServiceUnavailable")

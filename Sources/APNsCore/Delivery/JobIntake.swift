@@ -53,7 +53,7 @@ public struct JobIntake: Sendable {
             // have their results.
             return reject(
                 JobRejection(field: "\(error.field ?? "retry") header", error.message), value: value, headers: headers, source: source, now: now,
-                jobID: inheritedID ?? Self.bestEffortJobID(value: value), tokens: Self.namedRetryTokens(headers)
+                jobID: inheritedID ?? Self.bestEffortJobID(value: value, headers: headers), tokens: Self.namedRetryTokens(headers)
             )
         }
         do {
@@ -83,7 +83,7 @@ public struct JobIntake: Sendable {
         } catch {
             // A retry record whose job no longer decodes (a limit lowered since) still stands
             // only for the tokens it names.
-            let jobID = inheritedID ?? Self.bestEffortJobID(value: value)
+            let jobID = inheritedID ?? Self.bestEffortJobID(value: value, headers: headers)
             return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, tokens: Self.namedRetryTokens(headers))
         }
     }
@@ -112,9 +112,18 @@ public struct JobIntake: Sendable {
 
     /// The `id` of an envelope that failed validation, when it is readable, so that its
     /// `invalid` results still carry the producer's own job id.
-    static func bestEffortJobID(value: [UInt8]) -> String? {
-        guard let parsed = try? JSONParser.parse(value), let id = parsed["id"]?.string else { return nil }
+    static func bestEffortJobID(value: [UInt8], headers: [RecordHeader]) -> String? {
+        guard let parsed = readableEnvelope(value: value, headers: headers), let id = parsed["id"]?.string else { return nil }
         return try? JobRules.identifier(id, field: "id")
+    }
+
+    /// An unusable record's value as a JSON envelope, if it may be one: not a header-encoded
+    /// job's (its value is the APNs payload, whose `id` or `token` keys are the app's own). A
+    /// record over the size limit is parsed too (Kafka's own limit bounds it): its devices
+    /// still get their results.
+    private static func readableEnvelope(value: [UInt8], headers: [RecordHeader]) -> JSONValue? {
+        guard !headers.contains(where: { $0.key == JobDecoder.tokenHeader }) else { return nil }
+        return try? JSONParser.parse(value)
     }
 
     /// The header naming which tokens of a fan-out job a retry record is for.
@@ -172,10 +181,11 @@ public struct JobIntake: Sendable {
     /// The tokens an unusable record seems to address, so each still gets its `invalid` result.
     /// Only well-formed tokens are taken; anything else is reported under an empty token.
     static func bestEffortTokens(value: [UInt8], headers: [RecordHeader]) -> [String] {
-        if let header = headers.text(JobDecoder.tokenHeader) {
-            return [(try? DeviceToken(hex: header))?.hex ?? ""]
+        if headers.contains(where: { $0.key == JobDecoder.tokenHeader }) {
+            // Empty, or not UTF-8: one result under an empty token.
+            return [headers.text(JobDecoder.tokenHeader).flatMap { try? DeviceToken(hex: $0) }?.hex ?? ""]
         }
-        guard let parsed = try? JSONParser.parse(value), case .object = parsed else { return [] }
+        guard let parsed = readableEnvelope(value: value, headers: headers), case .object = parsed else { return [] }
         var candidates: [JSONValue] = []
         if let single = parsed["token"] { candidates.append(single) }
         if case .array(let list)? = parsed["tokens"] { candidates += list.prefix(100_000) }
