@@ -75,7 +75,7 @@ public enum ConfigurationKeys {
         // Worker
         .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field."),
         .init("worker.max-in-flight", "integer", "0 (from streams)", "Notifications in flight per worker; 0 sizes it from the pool's streams."),
-        .init("worker.max-tokens-per-job", "integer", "1000", "Most tokens one fan-out job may carry."),
+        .init("worker.max-tokens-per-job", "integer", "1000", "Most tokens one fan-out job may carry; at most 7500, about what a job record (512 KiB at most) can hold."),
         .init("worker.drain-timeout-seconds", "number", "25", "How long SIGTERM, or a revocation, waits for in-flight work; at least 30 s below max.poll.interval.ms."),
         .init("worker.request-timeout-seconds", "number", "10", "Deadline of one APNs request."),
         // Retry

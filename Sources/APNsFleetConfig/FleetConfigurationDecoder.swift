@@ -50,7 +50,7 @@ struct FleetConfigurationDecoder {
         configuration.worker = WorkerSettings(
             id: try string("worker.id"),
             maxInFlight: try int("worker.max-in-flight", default: 0, range: 0...1_000_000),
-            maxTokensPerJob: try int("worker.max-tokens-per-job", default: 1000, range: 1...100_000),
+            maxTokensPerJob: try int("worker.max-tokens-per-job", default: 1000, range: 1...JobDecoder.Limits.tokensThatFit),
             drainTimeoutSeconds: try double("worker.drain-timeout-seconds", default: 25, range: 0...3600),
             requestTimeoutSeconds: try double("worker.request-timeout-seconds", default: 10, range: 0.1...600)
         )

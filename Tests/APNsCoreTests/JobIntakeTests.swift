@@ -100,6 +100,27 @@ struct JobIntakeTests {
         #expect(rejected.rejection.reason.contains("at most 524288 are accepted"), "\(rejected.rejection.reason)")
     }
 
+    @Test("a job with as many tokens as the largest token limit allows fits in a record, beside a full payload")
+    func largestFanOutFits() throws {
+        let count = JobDecoder.Limits.tokensThatFit
+        let tokens = (0..<count).map { index in
+            let digits = String(index, radix: 16)
+            return "\"" + String(repeating: "0", count: 64 - digits.count) + digits + "\""
+        }.joined(separator: ",")
+        let payload = #"{"aps":{"alert":""# + String(repeating: "x", count: 4070) + #""}}"#
+        let text = #"{"id":"big","topic":"com.example.app","tokens":[\#(tokens)],"payload":\#(payload)}"#
+        #expect(text.utf8.count <= 512 * 1024, "\(text.utf8.count) bytes")
+        let intake = JobIntake(configuration: FleetConfiguration(
+            apps: [AppConfiguration(name: "example", authentication: Self.key, defaults: JobDefaults(topic: "com.example.app"))],
+            worker: WorkerSettings(maxTokensPerJob: count)
+        ), workerID: "w1")
+        guard case .accepted(let job) = intake.accept(value: Array(text.utf8), headers: [], source: source, now: now) else {
+            Issue.record("expected the job to be accepted")
+            return
+        }
+        #expect(job.tokens.count == count)
+    }
+
     @Test("a retry record keeps its job id, attempt count, not-before time and remaining tokens")
     func retryRecord() {
         let retry = RetryHeaders(attempt: 3, notBefore: UnixMillis(now.value + 500), lastReason: "ServiceUnavailable")

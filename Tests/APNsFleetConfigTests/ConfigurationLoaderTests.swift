@@ -175,6 +175,8 @@ struct ConfigurationLoaderTests {
         arguments: [
             (["APNS_FLEET_WORKER_MAX_IN_FLIGHT": "lots"], "configuration key 'worker.max-in-flight': must be an integer, got \"lots\""),
             (["APNS_FLEET_ADMIN_PORT": "70000"], "configuration key 'admin.port': is 70000; it must be between 0 and 65535"),
+            // More than a job record (512 KiB at most) can hold: a limit that could never be reached.
+            (["APNS_FLEET_WORKER_MAX_TOKENS_PER_JOB": "10000"], "configuration key 'worker.max-tokens-per-job': is 10000; it must be between 1 and 7500"),
             (["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "tls"], "configuration key 'kafka.security-protocol': is \"tls\"; expected one of plaintext, ssl, sasl_plaintext, sasl_ssl"),
             (["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "sasl_ssl"], "configuration key 'kafka.sasl.mechanism': is required with security protocol sasl_ssl"),
             (["APNS_FLEET_APPS": "a"], "configuration key 'app.a.key-file': is required for token auth (the .p8 signing key)"),

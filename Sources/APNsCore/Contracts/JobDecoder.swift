@@ -6,6 +6,10 @@ public struct JobDecoder: Sendable {
     public struct Limits: Sendable, Hashable {
         /// Most tokens one fan-out job may carry. Default: 1000.
         public var maximumTokensPerJob: Int
+        /// The most tokens a job can carry within the default record limit (512 KiB holds about
+        /// 7,800 tokens of 32 bytes with their quotes and commas, beside a payload): a larger
+        /// token limit could never be reached.
+        public static let tokensThatFit = 7_500
         /// Largest record value accepted, in bytes, before anything is parsed. Default: 512 KiB.
         public var maximumRecordBytes: Int
         /// Deepest JSON nesting accepted anywhere in a job. Default: 64.

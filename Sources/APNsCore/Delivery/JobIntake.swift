@@ -131,7 +131,7 @@ public struct JobIntake: Sendable {
 
     private func retryTokens(headers: [RecordHeader], job: NotificationJob) throws(JobRejection) -> [DeviceToken] {
         guard let list = headers.text(Self.retryTokensKey) else { return job.tokens }
-        // Sets: a fan-out job may carry up to 100,000 tokens.
+        // Sets: a fan-out job may carry thousands of tokens.
         let jobTokens = Set(job.tokens)
         var named = Set<DeviceToken>()
         var tokens: [DeviceToken] = []
@@ -162,7 +162,7 @@ public struct JobIntake: Sendable {
         tokens jobTokens: [DeviceToken]? = nil
     ) -> IntakeDecision {
         let tokens = (jobTokens ?? job?.tokens).map { $0.map(\.hex) } ?? Self.bestEffortTokens(value: value, headers: headers)
-        // Built once: a fan-out job may have 100,000 tokens.
+        // Built once: a fan-out job may have thousands of tokens.
         let reason = rejection.reason
         let results = (tokens.isEmpty ? [""] : tokens).map { token in
             NotificationResult(

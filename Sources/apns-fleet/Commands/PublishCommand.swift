@@ -111,7 +111,9 @@ struct PublishCommand: AsyncParsableCommand {
         }
         if !token.isEmpty, payload == nil { throw ValidationError("--token needs --payload (the APNs payload JSON)") }
         if let generate, generate <= 0 { throw ValidationError("--generate must be positive") }
-        guard (2...100_000).contains(fanoutSize) else { throw ValidationError("--fanout-size must be 2 to 100,000 (the most worker.max-tokens-per-job allows)") }
+        guard (2...JobDecoder.Limits.tokensThatFit).contains(fanoutSize) else {
+            throw ValidationError("--fanout-size must be 2 to \(JobDecoder.Limits.tokensThatFit) (the most worker.max-tokens-per-job allows)")
+        }
         guard (1...1_000_000).contains(deadTokens) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
         try checkRate(rate)
         if noValidate, encoding == .headers { throw ValidationError("--no-validate works with --encoding json only") }
