@@ -221,6 +221,7 @@ public final class APNsSimulator: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
+                        try channel.pipeline.syncOperations.addHandler(TLSHandshakeDeadline())
                         try channel.pipeline.syncOperations.addHandler(TLSConnectionStarter(context: context, logger: logger))
                     } else {
                         try installHTTP2(on: channel, context: context, transport: "h2c", authentication: makeTokenAuthentication(context))

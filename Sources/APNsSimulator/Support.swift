@@ -1,5 +1,6 @@
 import APNsCore
 import NIOCore
+import NIOTLS
 import Synchronization
 
 /// The per-device rate limit, shared by every connection (APNs counts per device, not per connection).
@@ -69,5 +70,38 @@ enum RequestDump {
 extension String {
     func leftPad(_ width: Int) -> String {
         count >= width ? self : String(repeating: "0", count: width - count) + self
+    }
+}
+
+/// Closes a TLS connection whose handshake has not completed in time: a client that connects
+/// and never speaks (a port scanner, a plain-TCP health check) would otherwise hold its socket
+/// for good. Placed right after the TLS handler; gone once the handshake completes.
+final class TLSHandshakeDeadline: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = NIOAny
+
+    /// Long enough for any real client on a loaded machine.
+    static let timeout = TimeAmount.seconds(10)
+
+    private var deadline: Scheduled<Void>?
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let channel = context.channel
+        deadline = context.eventLoop.scheduleTask(in: Self.timeout) { channel.close(promise: nil) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let tlsEvent = event as? TLSUserEvent, case .handshakeCompleted = tlsEvent {
+            deadline?.cancel()
+            deadline = nil
+            context.fireUserInboundEventTriggered(event)
+            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 }

@@ -57,6 +57,26 @@ private enum RawClient {
         timeout.cancel()
         return collector.received.withLock { $0 }
     }
+
+    /// Connects over plain TCP and says nothing; how long until the server closes, or nil if it
+    /// has not after `limit`.
+    static func silence(port: Int, limit: TimeAmount) async throws -> Duration? {
+        let group = MultiThreadedEventLoopGroup.singleton
+        let closed = group.any().makePromise(of: Void.self)
+        let collector = Collector(closed: closed)
+        let started = ContinuousClock.now
+        let channel = try await ClientBootstrap(group: group)
+            .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(collector) } }
+            .connect(host: "127.0.0.1", port: port).get()
+        let gaveUp = Mutex(false)
+        let timeout = channel.eventLoop.scheduleTask(in: limit) {
+            gaveUp.withLock { $0 = true }
+            channel.close(promise: nil)
+        }
+        try await closed.futureResult.get()
+        timeout.cancel()
+        return gaveUp.withLock { $0 } ? nil : started.duration(to: .now)
+    }
 }
 
 private let token = (0..<32).map { UInt8(($0 * 13 + 5) & 0xFF) }
@@ -165,6 +185,32 @@ struct LegacyServicesTests {
         var decoder = FeedbackTupleDecoder()
         decoder.append(feedback)
         #expect(decoder.next() == FeedbackTuple(timestamp: 1_767_225_600, token: deadToken))
+    }
+
+    @Test("a client that connects to a TLS port and never completes the handshake is closed after 10 s", .timeLimit(.minutes(1)))
+    func silentTLSClientsAreClosed() async throws {
+        let credentials = try DevCredentials.generate()
+        var configuration = APNsSimulatorConfiguration()
+        configuration.listeners.http2TLSPort = 0
+        configuration.listeners.legacyGatewayTLSPort = 0
+        configuration.listeners.legacyFeedbackTLSPort = 0
+        configuration.tls = APNsSimulatorConfiguration.TLS(
+            certificateChainPEM: credentials.serverCertificatePEM, privateKeyPEM: credentials.serverKeyPEM, clientCAPEM: credentials.caCertificatePEM
+        )
+        configuration.dumpSink = { _ in }
+        let simulator = try await APNsSimulator.start(configuration)
+        let ports = [simulator.port(.http2TLS), simulator.port(.legacyGatewayTLS), simulator.port(.legacyFeedbackTLS)].compactMap { $0 }
+        #expect(ports.count == 3)
+        // All three at once: one wait of the deadline.
+        let waits = try await withThrowingTaskGroup(of: Duration?.self) { group in
+            for port in ports { group.addTask { try await RawClient.silence(port: port, limit: .seconds(20)) } }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        await simulator.stop()
+        for wait in waits {
+            let closedAfter = try #require(wait, "still open after 20 s")
+            #expect(closedAfter > .seconds(9) && closedAfter < .seconds(15), "closed after \(closedAfter)")
+        }
     }
 
     @Test("the simulator hosts the legacy services beside HTTP/2, sharing its unregistered tokens")

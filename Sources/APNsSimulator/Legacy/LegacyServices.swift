@@ -110,6 +110,7 @@ public final class LegacyServices: Sendable {
                         channel.eventLoop.makeCompletedFuture {
                             if let context {
                                 try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: context))
+                                try channel.pipeline.syncOperations.addHandler(TLSHandshakeDeadline())
                             }
                             if gateway {
                                 try channel.pipeline.syncOperations.addHandler(GatewayHandler(state: state, transport: listener.rawValue))
