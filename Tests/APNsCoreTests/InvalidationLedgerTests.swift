@@ -45,12 +45,19 @@ struct InvalidationLedgerTests {
         #expect(!redeliveredUnregistered && !redeliveredBad)
     }
 
-    @Test("a bad token stays bad: a later BadDeviceToken for the same key is a repeat")
+    @Test("a token still bad a minute after its event is invalidated again; closer repeats are duplicates")
     func badTokenRepeats() {
+        // Readers take a token back when the app registers it after the event's time (every
+        // launch): without a new event they would keep a bad token for good.
         var ledger = InvalidationLedger(capacity: 100)
         let first = ledger.admit(Self.event("BadDeviceToken", at: 1000))
-        let later = ledger.admit(Self.event("BadDeviceToken", at: 5000))
-        #expect(first && !later)
+        let soon = ledger.admit(Self.event("BadDeviceToken", at: 50_000))
+        let minuteLater = ledger.admit(Self.event("BadDeviceToken", at: 61_000))
+        let soonAfterThat = ledger.admit(Self.event("DeviceTokenNotForTopic", at: 61_000))
+        let notForTopicAgain = ledger.admit(Self.event("DeviceTokenNotForTopic", at: 100_000))
+        #expect(first && !soon && minuteLater)
+        #expect(soonAfterThat, "another reason is news")
+        #expect(!notForTopicAgain, "within a minute of its own event")
     }
 
     @Test("memory is bounded; the oldest key is forgotten first")

@@ -5,10 +5,13 @@
 /// (APNs's timestamp of when the token stopped being valid): a job redone after a crash meets the
 /// same dead token and gets the same timestamp, so it is a repeat, while a later timestamp is a
 /// new invalidation (the token was registered again and died again). BadDeviceToken and
-/// DeviceTokenNotForTopic carry no such time: a token that is bad stays bad, so every repeat of
-/// the reason is a duplicate. Another reason is news unless it is older than what was
-/// published: a redelivered old result must not follow a newer event onto the compacted topic,
-/// where the last value for a key is the one readers keep.
+/// DeviceTokenNotForTopic carry only the send time: a repeat at least `repeatInterval` after
+/// the published event is news, since readers take a token back when the app registers it
+/// again after an event's time (apps do so on every launch), and a token still bad must then
+/// be invalidated again; closer repeats (a redone job, a producer sending to it in a loop) are
+/// duplicates, so one bad token costs at most one event a minute. Another reason is news
+/// unless it is older than what was published: a redelivered old result must not follow a
+/// newer event onto the compacted topic, where the last value for a key is the one readers keep.
 ///
 /// Memory is bounded: past `capacity` keys the oldest is forgotten first. Forgetting costs at
 /// most one repeated event for that key, which the compacted topic absorbs. Keys are kept as
@@ -22,6 +25,8 @@ public struct InvalidationLedger: Sendable {
     }
 
     public let capacity: Int
+    /// How much later a BadDeviceToken or DeviceTokenNotForTopic must come to be news again.
+    public static let repeatIntervalMilliseconds: Int64 = 60_000
     private var entries: [Int: Entry] = [:]
     /// Key hashes in the order they were first remembered; `head` is the oldest still in use.
     private var order: [Int] = []
@@ -38,9 +43,11 @@ public struct InvalidationLedger: Sendable {
     public mutating func admit(_ event: TokenEvent) -> Bool {
         let key = Self.hash(event.key)
         if let known = entries[key] {
-            let diedAgain = event.reason == APNsReason.unregistered.rawValue && event.invalidatedAt > known.invalidatedAt
-            let otherReason = known.reason != event.reason && event.invalidatedAt >= known.invalidatedAt
-            guard otherReason || diedAgain else { return false }
+            let laterBy = event.invalidatedAt - known.invalidatedAt
+            let again = known.reason == event.reason
+                && (event.reason == APNsReason.unregistered.rawValue ? laterBy > 0 : laterBy >= Self.repeatIntervalMilliseconds)
+            let otherReason = known.reason != event.reason && laterBy >= 0
+            guard otherReason || again else { return false }
             entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
             return true
         }
