@@ -92,6 +92,20 @@ struct ContractCodecTests {
         #expect(TokenEvent(result: invalid, observedAt: UnixMillis(77)) == nil)
     }
 
+    @Test("a result whose token is not a device token, or whose topic is empty, makes no token event")
+    func tokenEventNeedsATokenAndTopic() throws {
+        var result = sampleResult()
+        result.token = "not-a-token"
+        #expect(TokenEvent(result: result, observedAt: UnixMillis(77)) == nil)
+        result = sampleResult()
+        result.topic = ""
+        #expect(TokenEvent(result: result, observedAt: UnixMillis(77)) == nil)
+        // Upper-case hex is a device token: the event carries it in lower case, as keys do.
+        result = sampleResult()
+        result.token = tokenA.uppercased()
+        #expect(try #require(TokenEvent(result: result, observedAt: UnixMillis(77))).key == "com.example.app/\(tokenA)")
+    }
+
     @Test("retry headers replace earlier ones and read back")
     func retryHeaders() throws {
         let original = [RecordHeader("apns-token", tokenA), RecordHeader("attempt", "1"), RecordHeader("not-before", "5")]

@@ -38,13 +38,16 @@ public struct TokenEvent: Sendable, Hashable {
     ]
 
     /// The event a result implies, if any: only APNs's own answers count (an `invalid` job
-    /// never reached APNs, so its reason says nothing about the token).
+    /// never reached APNs, so its reason says nothing about the token). A result whose token is
+    /// not a device token or whose topic is empty (another producer's, say) implies none: its
+    /// event would break the topic's key and schema.
     public init?(result: NotificationResult, observedAt: UnixMillis) {
         guard result.outcome == .rejected, result.status != nil, let reason = result.reason,
-            Self.invalidatingReasons.contains(reason), let topic = result.topic
+            Self.invalidatingReasons.contains(reason), let topic = result.topic, !topic.isEmpty,
+            let token = try? DeviceToken(hex: result.token)
         else { return nil }
         self.init(
-            token: result.token,
+            token: token.hex,
             topic: topic,
             app: result.app,
             reason: reason,
