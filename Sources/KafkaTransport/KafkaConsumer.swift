@@ -1039,7 +1039,9 @@ final class ConsumerCore: @unchecked Sendable {
             _ = lock.wait(until: min(deadline, Date(timeIntervalSinceNow: 0.005)))
             applyCompletionsLocked()
         }
-        let remaining = partitions.reduce(0) { $0 + tracker.inProgress($1) }
+        // Everything still pending is redelivered: what was in progress, what finished behind it,
+        // what was left unstarted.
+        let remaining = partitions.reduce(0) { $0 + tracker.inFlight($1) }
         pendingRevocations.remove(id)
         lock.unlock()
         if timedOut {

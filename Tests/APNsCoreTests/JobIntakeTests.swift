@@ -235,4 +235,35 @@ struct BinaryIntakeTests {
         #expect(rejected.rejection.reason == "payload: payload is 320 bytes; the legacy binary interface (protocol binary) allows at most 256")
         #expect(rejected.results.map(\.outcome) == [.invalid])
     }
+
+    @Test("a VoIP job stating its app's topic with the .voip suffix is routed to that app")
+    func suffixedTopicRoutesToItsApp() throws {
+        let intake = JobIntake(configuration: FleetConfiguration(apps: [
+            AppConfiguration(name: "a", authentication: JobIntakeTests.key, defaults: JobDefaults(topic: "com.a")),
+            AppConfiguration(name: "b", authentication: JobIntakeTests.key, defaults: JobDefaults(topic: "com.b")),
+        ]), workerID: "w1")
+        let value = Array(#"{"token":"\#(tokenA)","topic":"com.b.voip","push_type":"voip","payload":{}}"#.utf8)
+        guard case .accepted(let job) = intake.accept(value: value, headers: [], source: SourcePosition(topic: "apns.jobs", partition: 0, offset: 7), now: UnixMillis(0)) else {
+            Issue.record("expected the job to be accepted")
+            return
+        }
+        #expect(job.appName == "b" && job.job.topic == "com.b.voip")
+    }
+
+    @Test("apps on the legacy binary interface, which sends no topic, keep their topic whatever the push type")
+    func binaryAppsKeepTheirTopic() throws {
+        let app = AppConfiguration(
+            name: "legacy", authentication: .certificate(.pkcs12(file: "/dev/null", password: nil)),
+            defaults: JobDefaults(topic: "com.example.legacy", pushType: .voip), transport: .binary
+        )
+        let intake = JobIntake(configuration: FleetConfiguration(apps: [app]), workerID: "w")
+        for text in [#"{"token":"\#(tokenA)","payload":{}}"#, #"{"token":"\#(tokenA)","topic":"com.example.legacy","payload":{}}"#] {
+            guard case .accepted(let job) = intake.accept(value: Array(text.utf8), headers: [], source: SourcePosition(topic: "apns.jobs", partition: 0, offset: 7), now: UnixMillis(0)) else {
+                Issue.record("expected \(text) to be accepted")
+                continue
+            }
+            // Its results and token events carry the topic the feedback service's events carry.
+            #expect(job.job.topic == "com.example.legacy")
+        }
+    }
 }

@@ -62,6 +62,15 @@ public struct FleetConfiguration: Sendable {
         apps[try appIndex(for: job)]
     }
 
+    /// Whether `app` serves jobs stating `topic`: one it lists, its own, or its own with the
+    /// suffix the job's push type needs (`com.example.app.voip` for a VoIP job of
+    /// `com.example.app`), which is the topic its jobs get when they state none.
+    private static func app(_ app: AppConfiguration, serves topic: String, pushType: PushType?) -> Bool {
+        if app.topics.contains(topic) || app.defaults.topic == topic { return true }
+        guard let bundle = app.defaults.topic, let suffix = (pushType ?? app.defaults.pushType).requiredTopicSuffix else { return false }
+        return topic == bundle + suffix
+    }
+
     /// Where in `apps` the app serving `job` is (see `app(for:)`). On the hot path, so that
     /// the caller reads the fields it needs instead of copying the whole configuration.
     public func appIndex(for job: NotificationJob) throws(JobRejection) -> Int {
@@ -72,7 +81,7 @@ public struct FleetConfiguration: Sendable {
             }
             return index
         }
-        if let topic = job.topic, let index = apps.firstIndex(where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) {
+        if let topic = job.topic, let index = apps.firstIndex(where: { Self.app($0, serves: topic, pushType: job.pushType) }) {
             return index
         }
         if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let index = appIndex(named: name) {

@@ -163,8 +163,9 @@ extension NotificationJob {
     /// The rules between the job's own fields and its push type, which APNs would refuse the
     /// job for every time: the payload limit, a stated topic's suffix, a background push at
     /// priority 10.
-    public func checkRules(pushType: PushType) throws(JobRejection) {
-        if let topic, let suffix = pushType.requiredTopicSuffix, !topic.hasSuffix(suffix) || topic.utf8.count == suffix.utf8.count {
+    /// `topicSuffix: false` for the legacy binary interface, which sends no topic.
+    public func checkRules(pushType: PushType, topicSuffix: Bool = true) throws(JobRejection) {
+        if topicSuffix, let topic, let suffix = pushType.requiredTopicSuffix, !topic.hasSuffix(suffix) || topic.utf8.count == suffix.utf8.count {
             throw JobRejection(
                 field: "topic", "topic '\(topic)' does not end in '\(suffix)' after the bundle id, which APNs requires for push type \(pushType.rawValue) (it answers BadTopic)"
             )
@@ -177,18 +178,20 @@ extension NotificationJob {
 
     /// What `resolved` settles, without making the `ResolvedJob`: the intake checks everything
     /// first and then hands its job over (`consume`) instead of copying it into one.
-    func settledFields(defaults: JobDefaults, appName: String?) throws(JobRejection)
+    /// `pushTypeTopics: false` for apps on the legacy binary interface: it sends no topic, so
+    /// results and token events keep the app's topic as it is.
+    func settledFields(defaults: JobDefaults, appName: String?, pushTypeTopics: Bool = true) throws(JobRejection)
         -> (topic: String, pushType: PushType, priority: NotificationPriority, environment: APNsEnvironment)
     {
         let pushType = pushType ?? defaults.pushType
-        try checkRules(pushType: pushType)
+        try checkRules(pushType: pushType, topicSuffix: pushTypeTopics)
         let topic: String
         if let stated = self.topic {
             topic = stated
         } else if let bundle = defaults.topic {
             // The app's topic is its bundle id: a push type that needs its own topic (`.voip` for
             // VoIP, and so on) gets the suffix, as APNs derives it when a provider omits the topic.
-            let suffix = pushType.requiredTopicSuffix ?? ""
+            let suffix = pushTypeTopics ? pushType.requiredTopicSuffix ?? "" : ""
             topic = bundle.hasSuffix(suffix) ? bundle : bundle + suffix
         } else {
             let app = appName.map { " and app '\($0)' has no default topic" } ?? ""

@@ -62,8 +62,11 @@ public struct JobIntake: Sendable {
             do {
                 // By index: the fields are read in place, not from a copy of the app's configuration.
                 let appIndex = try configuration.appIndex(for: job)
-                let settled = try job.settledFields(defaults: configuration.apps[appIndex].defaults, appName: configuration.apps[appIndex].name)
-                if configuration.apps[appIndex].transport == .binary { try Self.checkBinaryInterface(job) }
+                let binary = configuration.apps[appIndex].transport == .binary
+                let settled = try job.settledFields(
+                    defaults: configuration.apps[appIndex].defaults, appName: configuration.apps[appIndex].name, pushTypeTopics: !binary
+                )
+                if binary { try Self.checkBinaryInterface(job) }
                 let tokens = try retryTokens(headers: headers, job: job)
                 // Nothing can fail past this point, so the job moves into the result uncopied.
                 let resolved = ResolvedJob(
