@@ -191,8 +191,11 @@ extension NotificationJob {
         } else if let bundle = defaults.topic {
             // The app's topic is its bundle id: a push type that needs its own topic (`.voip` for
             // VoIP, and so on) gets the suffix, as APNs derives it when a provider omits the topic.
-            let suffix = pushTypeTopics ? pushType.requiredTopicSuffix ?? "" : ""
-            topic = bundle.hasSuffix(suffix) ? bundle : bundle + suffix
+            if pushTypeTopics, let suffix = pushType.requiredTopicSuffix, !bundle.hasSuffix(suffix) {
+                topic = bundle + suffix
+            } else {
+                topic = bundle
+            }
         } else {
             let app = appName.map { " and app '\($0)' has no default topic" } ?? ""
             throw JobRejection(field: "topic", "no topic: the job has none\(app)")
