@@ -61,12 +61,16 @@ public struct LegacyFeedbackClient: Sendable {
     /// logged as a warning. It throws when nothing could be read (bad credentials, no connection,
     /// a failed handshake, the deadline passing before the first tuple) and when the calling task
     /// is cancelled. The deadline counts only the time spent reading: while a full chunk waits
-    /// for `deliver`, the clock stops.
+    /// for `deliver`, the clock stops. A service still sending when it passes is read on, up
+    /// to twice `timeout` in all: what it sent and was not read would be lost.
     ///
     /// A service that has sent whole tuples and then nothing for `quietEnd` is taken to be done,
     /// as if it had closed: Apple's closed at once, but a server that holds the connection open
     /// afterwards (the reference test server, for a minute) would otherwise end every poll at
     /// the deadline, as a failure.
+    /// Past the deadline, a service that sent something this recently is still sending.
+    static let stillSending = TimeAmount.seconds(1)
+
     public func fetch(timeout: Duration, quietEnd: Duration = .seconds(5), chunkSize: Int = 10_000, deliver: ([FeedbackTuple]) async -> Void) async throws {
         let sslContext = try LegacyTLS.context(endpoint: endpoint, certificate: certificate)
         let eventLoop = eventLoopGroup.next()
@@ -111,6 +115,13 @@ public struct LegacyFeedbackClient: Sendable {
                 var wait = paused.now ? .milliseconds(100) : budget - reading
                 if !paused.now { wait = min(wait, quiet - (sinceLastRead ?? .zero)) }
                 deadline.value = eventLoop.scheduleTask(in: wait, expireWhenReading)
+                return
+            }
+            // Past the budget, a service still sending is not cut off at once: it has forgotten
+            // what it sent, so bytes left unread are tuples lost. It is at twice the budget (a
+            // stop waits for a poll; its callers size the budget for that).
+            if let sinceLastRead, sinceLastRead < Self.stillSending, reading < budget * 2 {
+                deadline.value = eventLoop.scheduleTask(in: Self.stillSending - sinceLastRead, expireWhenReading)
                 return
             }
             signal.yield(.ended(.timedOut))

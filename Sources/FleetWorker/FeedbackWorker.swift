@@ -87,7 +87,7 @@ public final class FeedbackWorker: Service, Sendable {
 
     public func run() async throws {
         // The poll loop runs beside the results; a stop waits for a poll in progress (bounded by
-        // `pollTimeout`), never cutting one short, because the feedback service forgets the
+        // twice `pollTimeout`), never cutting one short, because the feedback service forgets the
         // tuples it has handed out. A child task, so that cancellation (the stop's time is up)
         // reaches its sleeps and its publishing too.
         await withDiscardingTaskGroup { group in

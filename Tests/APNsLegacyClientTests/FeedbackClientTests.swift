@@ -1,6 +1,7 @@
 import APNsCore
 import APNsLegacyClient
 import APNsSimulator
+import NIOCore
 import Testing
 
 @Suite("Legacy feedback client", .timeLimit(.minutes(1)))
@@ -70,6 +71,29 @@ struct FeedbackClientTests {
             #expect(received.count == expected.count)
             #expect(received == expected.sorted { $0.timestamp < $1.timestamp })
         }
+    }
+
+    @Test("a service still sending when the deadline passes is read on (what it sent is forgotten), up to twice the deadline")
+    func slowServiceIsReadToTheEnd() async throws {
+        // 20 tuples, one every 100 ms: 2 s of sending against a 1.2 s deadline.
+        let expected = Self.tuples(20)
+        let slow = try await ChunkedFeedbackServer.start(bytes: expected.flatMap { $0.encoded() }, chunkSizes: [38], gap: .milliseconds(100))
+        let client = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: slow.port, tls: false), certificate: nil, logger: Fixture.logger)
+        var tuples: [FeedbackTuple] = []
+        try await client.fetch(timeout: .milliseconds(1200)) { tuples += $0 }
+        await slow.stop()
+        #expect(tuples == expected, "\(tuples.count) of \(expected.count)")
+
+        // One that would send for 20 s is cut at twice a 1 s deadline (checked once a second).
+        let endless = try await ChunkedFeedbackServer.start(bytes: Self.tuples(200).flatMap { $0.encoded() }, chunkSizes: [38], gap: .milliseconds(100))
+        let endlessClient = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: endless.port, tls: false), certificate: nil, logger: Fixture.logger)
+        let start = ContinuousClock.now
+        var some: [FeedbackTuple] = []
+        try await endlessClient.fetch(timeout: .seconds(1)) { some += $0 }
+        await endless.stop()
+        let took = ContinuousClock.now - start
+        #expect(took >= .seconds(1.9) && took < .seconds(6), "cut after \(took)")
+        #expect(some.count > 5 && some.count < 200, "\(some.count) tuples")
     }
 
     @Test("reads tuples split at every possible place: byte by byte and in odd chunks")

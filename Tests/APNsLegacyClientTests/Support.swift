@@ -120,13 +120,13 @@ final class ChunkedFeedbackServer: Sendable {
         self.channel = channel
     }
 
-    static func start(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool = false) async throws -> ChunkedFeedbackServer {
+    static func start(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool = false, gap: TimeAmount = .microseconds(300)) async throws -> ChunkedFeedbackServer {
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(ChunkWriter(bytes: bytes, chunkSizes: chunkSizes, holdOpen: holdOpen))
+                    try channel.pipeline.syncOperations.addHandler(ChunkWriter(bytes: bytes, chunkSizes: chunkSizes, holdOpen: holdOpen, gap: gap))
                 }
             }
             .bind(host: "127.0.0.1", port: 0).get()
@@ -143,11 +143,13 @@ final class ChunkedFeedbackServer: Sendable {
         let bytes: [UInt8]
         let chunkSizes: [Int]
         let holdOpen: Bool
+        let gap: TimeAmount
 
-        init(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool) {
+        init(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool, gap: TimeAmount) {
             self.bytes = bytes
             self.chunkSizes = chunkSizes
             self.holdOpen = holdOpen
+            self.gap = gap
         }
 
         func channelActive(context: ChannelHandlerContext) {
@@ -162,12 +164,12 @@ final class ChunkedFeedbackServer: Sendable {
             }
             let channel = context.channel
             for (index, chunk) in chunks.enumerated() {
-                channel.eventLoop.scheduleTask(in: .microseconds(Int64(300 * index))) {
+                channel.eventLoop.scheduleTask(in: gap * Int64(index)) {
                     channel.writeAndFlush(channel.allocator.buffer(bytes: chunk), promise: nil)
                 }
             }
             if !holdOpen {
-                channel.eventLoop.scheduleTask(in: .microseconds(Int64(300 * chunks.count + 1000))) {
+                channel.eventLoop.scheduleTask(in: gap * Int64(chunks.count) + .milliseconds(1)) {
                     channel.close(promise: nil)
                 }
             }

@@ -44,8 +44,9 @@ struct FeedbackCommand: AsyncParsableCommand {
                 topics: fleet.topics,
                 pollInterval: .milliseconds(Int64(fleet.feedback.pollIntervalSeconds * 1000)),
                 // A stop waits for a poll in progress; within the drain timeout it is finished and
-                // published before the process is cancelled (tuples are gone once read).
-                pollTimeout: max(.seconds(5), min(.seconds(60), .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000)))),
+                // published before the process is cancelled (tuples are gone once read). A
+                // service still sending at the poll's deadline is read on to twice it.
+                pollTimeout: max(.seconds(5), min(.seconds(30), .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 500)))),
                 ledgerCapacity: fleet.feedback.ledgerCapacity
             ),
             consumer: consumer, producer: producer, feedbackServices: services, logger: logger
