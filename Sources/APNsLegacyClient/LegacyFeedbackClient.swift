@@ -120,8 +120,9 @@ public struct LegacyFeedbackClient: Sendable {
             // Past the budget, a service still sending is not cut off at once: it has forgotten
             // what it sent, so bytes left unread are tuples lost. It is at twice the budget (a
             // stop waits for a poll; its callers size the budget for that).
-            if let sinceLastRead, sinceLastRead < Self.stillSending, reading < budget * 2 {
-                deadline.value = eventLoop.scheduleTask(in: Self.stillSending - sinceLastRead, expireWhenReading)
+            // Read bytes, not whole tuples: a stream in full flow is mostly cut inside one.
+            if let sending = reader.sinceLastRead(now: now), sending < Self.stillSending, reading < budget * 2 {
+                deadline.value = eventLoop.scheduleTask(in: Self.stillSending - sending, expireWhenReading)
                 return
             }
             signal.yield(.ended(.timedOut))
@@ -251,6 +252,12 @@ private final class FeedbackReader: ChannelDuplexHandler {
                 guard let last = state.lastActivity, state.decoder.leftoverByteCount == 0 else { return nil }
                 return now - last
             }
+        }
+
+        /// How long since the service last sent anything, inside a tuple or not; nil before it
+        /// sent anything.
+        func sinceLastRead(now: NIODeadline) -> TimeAmount? {
+            state.withLock { state in state.lastActivity.map { now - $0 } }
         }
 
         /// Whether reading is paused now, and for how long it has been paused in all.

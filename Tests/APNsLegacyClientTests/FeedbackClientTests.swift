@@ -75,9 +75,10 @@ struct FeedbackClientTests {
 
     @Test("a service still sending when the deadline passes is read on (what it sent is forgotten), up to twice the deadline")
     func slowServiceIsReadToTheEnd() async throws {
-        // 20 tuples, one every 100 ms: 2 s of sending against a 1.2 s deadline.
+        // 20 tuples in 50-byte pieces (so most reads end inside a tuple, as a real stream's
+        // do), one every 100 ms: 1.6 s of sending against a 1.2 s deadline.
         let expected = Self.tuples(20)
-        let slow = try await ChunkedFeedbackServer.start(bytes: expected.flatMap { $0.encoded() }, chunkSizes: [38], gap: .milliseconds(100))
+        let slow = try await ChunkedFeedbackServer.start(bytes: expected.flatMap { $0.encoded() }, chunkSizes: [50], gap: .milliseconds(100))
         let client = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: slow.port, tls: false), certificate: nil, logger: Fixture.logger)
         var tuples: [FeedbackTuple] = []
         try await client.fetch(timeout: .milliseconds(1200)) { tuples += $0 }
