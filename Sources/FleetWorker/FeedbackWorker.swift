@@ -124,7 +124,14 @@ public final class FeedbackWorker: Service, Sendable {
                 continue
             }
             // Without APNs's 410 timestamp, the invalidation dates from APNs's answer, not from now.
-            guard let event = TokenEvent(result: result, observedAt: result.sentAt) else { continue }
+            guard let event = TokenEvent(result: result, observedAt: result.sentAt) else {
+                // An invalidating answer whose token or topic cannot key an event (not one of
+                // the worker's own results) is as unusable as an undecodable one.
+                if result.outcome == .rejected, result.status != nil, let reason = result.reason, TokenEvent.invalidatingReasons.contains(reason) {
+                    undecodable.increment()
+                }
+                continue
+            }
             guard ledger.withLock({ $0.admit(event) }) else {
                 duplicates.increment()
                 continue

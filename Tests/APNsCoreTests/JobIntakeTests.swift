@@ -248,6 +248,17 @@ struct BinaryIntakeTests {
             return
         }
         #expect(job.appName == "b" && job.job.topic == "com.b.voip")
+
+        // An app that names the topic outright wins, whatever the order of apps.
+        let split = JobIntake(configuration: FleetConfiguration(apps: [
+            AppConfiguration(name: "main", authentication: JobIntakeTests.key, defaults: JobDefaults(topic: "com.b")),
+            AppConfiguration(name: "voip", authentication: JobIntakeTests.key, defaults: JobDefaults(topic: "com.b.voip", pushType: .voip)),
+        ]), workerID: "w1")
+        guard case .accepted(let routed) = split.accept(value: value, headers: [], source: SourcePosition(topic: "apns.jobs", partition: 0, offset: 7), now: UnixMillis(0)) else {
+            Issue.record("expected the job to be accepted")
+            return
+        }
+        #expect(routed.appName == "voip")
     }
 
     @Test("apps on the legacy binary interface, which sends no topic, keep their topic whatever the push type")

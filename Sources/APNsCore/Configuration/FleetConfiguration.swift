@@ -62,11 +62,10 @@ public struct FleetConfiguration: Sendable {
         apps[try appIndex(for: job)]
     }
 
-    /// Whether `app` serves jobs stating `topic`: one it lists, its own, or its own with the
-    /// suffix the job's push type needs (`com.example.app.voip` for a VoIP job of
-    /// `com.example.app`), which is the topic its jobs get when they state none.
-    private static func app(_ app: AppConfiguration, serves topic: String, pushType: PushType?) -> Bool {
-        if app.topics.contains(topic) || app.defaults.topic == topic { return true }
+    /// Whether `topic` is `app`'s own with the suffix the job's push type needs
+    /// (`com.example.app.voip` for a VoIP job of `com.example.app`): the topic its jobs get when
+    /// they state none.
+    private static func app(_ app: AppConfiguration, derives topic: String, pushType: PushType?) -> Bool {
         guard let bundle = app.defaults.topic, let suffix = (pushType ?? app.defaults.pushType).requiredTopicSuffix else { return false }
         return topic == bundle + suffix
     }
@@ -81,8 +80,11 @@ public struct FleetConfiguration: Sendable {
             }
             return index
         }
-        if let topic = job.topic, let index = apps.firstIndex(where: { Self.app($0, serves: topic, pushType: job.pushType) }) {
-            return index
+        if let topic = job.topic {
+            // A topic an app names outright wins over one only derived from another's bundle id
+            // (a VoIP certificate's own `com.x.voip` app beside the `com.x` app).
+            if let index = apps.firstIndex(where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) { return index }
+            if let index = apps.firstIndex(where: { Self.app($0, derives: topic, pushType: job.pushType) }) { return index }
         }
         if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let index = appIndex(named: name) {
             return index
