@@ -85,15 +85,16 @@ struct FeedbackClientTests {
         await slow.stop()
         #expect(tuples == expected, "\(tuples.count) of \(expected.count)")
 
-        // One that would send for 20 s is cut at twice a 1 s deadline (checked once a second).
-        let endless = try await ChunkedFeedbackServer.start(bytes: Self.tuples(200).flatMap { $0.encoded() }, chunkSizes: [38], gap: .milliseconds(100))
+        // One that would send for 40 s is cut at twice a 1 s deadline (checked once a second;
+        // a loaded CI host took over 6 s once, so the bound is loose).
+        let endless = try await ChunkedFeedbackServer.start(bytes: Self.tuples(400).flatMap { $0.encoded() }, chunkSizes: [38], gap: .milliseconds(100))
         let endlessClient = LegacyFeedbackClient(endpoint: LegacyEndpoint(host: "127.0.0.1", port: endless.port, tls: false), certificate: nil, logger: Fixture.logger)
         let start = ContinuousClock.now
         var some: [FeedbackTuple] = []
         try await endlessClient.fetch(timeout: .seconds(1)) { some += $0 }
         await endless.stop()
         let took = ContinuousClock.now - start
-        #expect(took >= .seconds(1.9) && took < .seconds(6), "cut after \(took)")
+        #expect(took >= .seconds(1.9) && took < .seconds(20), "cut after \(took)")
         #expect(some.count > 5 && some.count < 200, "\(some.count) tuples")
     }
 
