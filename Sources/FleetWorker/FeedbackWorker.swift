@@ -127,9 +127,7 @@ public final class FeedbackWorker: Service, Sendable {
             guard let event = TokenEvent(result: result, observedAt: result.sentAt) else {
                 // An invalidating answer whose token or topic cannot key an event (not one of
                 // the worker's own results) is as unusable as an undecodable one.
-                if result.outcome == .rejected, result.status != nil, let reason = result.reason, TokenEvent.invalidatingReasons.contains(reason) {
-                    undecodable.increment()
-                }
+                if TokenEvent.invalidates(result) { undecodable.increment() }
                 continue
             }
             guard ledger.withLock({ $0.admit(event) }) else {

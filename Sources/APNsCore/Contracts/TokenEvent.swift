@@ -37,13 +37,19 @@ public struct TokenEvent: Sendable, Hashable {
         APNsReason.deviceTokenNotForTopic.rawValue,
     ]
 
+    /// Whether `result` is APNs's own answer that the token is dead (whether or not it can key
+    /// an event).
+    public static func invalidates(_ result: NotificationResult) -> Bool {
+        guard result.outcome == .rejected, result.status != nil, let reason = result.reason else { return false }
+        return invalidatingReasons.contains(reason)
+    }
+
     /// The event a result implies, if any: only APNs's own answers count (an `invalid` job
     /// never reached APNs, so its reason says nothing about the token). A result whose token is
     /// not a device token or whose topic is empty (another producer's, say) implies none: its
     /// event would break the topic's key and schema.
     public init?(result: NotificationResult, observedAt: UnixMillis) {
-        guard result.outcome == .rejected, result.status != nil, let reason = result.reason,
-            Self.invalidatingReasons.contains(reason), let topic = result.topic, !topic.isEmpty,
+        guard Self.invalidates(result), let reason = result.reason, let topic = result.topic, !topic.isEmpty,
             let token = try? DeviceToken(hex: result.token)
         else { return nil }
         self.init(
