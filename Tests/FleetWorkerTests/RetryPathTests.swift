@@ -18,9 +18,10 @@ struct RetryPathTests {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
         behaviour.serviceUnavailableRate = 0.3
         behaviour.internalServerErrorRate = 0.1
-        // 12 attempts at 40% errors: a notification fails with odds of 2 in 100,000. Two attempts
-        // in process, so about one in six goes through the retry topic.
-        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 12, baseDelayMilliseconds: 20, maxDelayMilliseconds: 200)
+        // 20 attempts at 40% errors: a notification fails with odds of 1 in 100 million (with 12,
+        // 2 in 100,000 each, a cold CI run once saw one of the 45 fail). Two attempts in
+        // process, so about one in six goes through the retry topic.
+        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 20, baseDelayMilliseconds: 20, maxDelayMilliseconds: 200)
         let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 50)
 
         var expected: Set<String> = []
