@@ -53,11 +53,24 @@ struct InvalidationLedgerTests {
         let first = ledger.admit(Self.event("BadDeviceToken", at: 1000))
         let soon = ledger.admit(Self.event("BadDeviceToken", at: 50_000))
         let minuteLater = ledger.admit(Self.event("BadDeviceToken", at: 61_000))
-        let soonAfterThat = ledger.admit(Self.event("DeviceTokenNotForTopic", at: 61_000))
-        let notForTopicAgain = ledger.admit(Self.event("DeviceTokenNotForTopic", at: 100_000))
+        let notForTopicSoon = ledger.admit(Self.event("DeviceTokenNotForTopic", at: 100_000))
+        let notForTopicLater = ledger.admit(Self.event("DeviceTokenNotForTopic", at: 121_000))
         #expect(first && !soon && minuteLater)
-        #expect(soonAfterThat, "another reason is news")
-        #expect(!notForTopicAgain, "within a minute of its own event")
+        #expect(!notForTopicSoon, "the other send-time reason within a minute is a duplicate too")
+        #expect(notForTopicLater)
+    }
+
+    @Test("answers alternating between BadDeviceToken and DeviceTokenNotForTopic still make one event a minute")
+    func alternatingSendTimeReasons() {
+        var ledger = InvalidationLedger(capacity: 100)
+        var published = 0
+        for second in 0..<120 {
+            let reason = second.isMultiple(of: 2) ? "BadDeviceToken" : "DeviceTokenNotForTopic"
+            if ledger.admit(Self.event(reason, at: Int64(second) * 1000)) { published += 1 }
+        }
+        #expect(published == 2, "at 0 s and 60 s")
+        let unregistered = ledger.admit(Self.event("Unregistered", at: 119_500))
+        #expect(unregistered, "a 410 is another kind of news")
     }
 
     @Test("memory is bounded; the oldest key is forgotten first")

@@ -81,7 +81,7 @@ struct ValidateJobCommandTests {
         #expect(raised.lines.contains { $0.hasPrefix("line 2: valid (3 tokens") }, "--max-tokens overrides the configuration: \(raised.lines)")
     }
 
-    @Test("a configuration that does not load is a usage error (exit 2), naming the problem")
+    @Test("a configuration that does not load, or a --max-tokens no worker allows, is a usage error naming the problem")
     func badConfiguration() async throws {
         let missing = try await run(["--config", "nothere.yaml", "jobs.jsonl"], files: ["jobs.jsonl": Self.jobs])
         #expect(missing.status == 2)
@@ -90,6 +90,11 @@ struct ValidateJobCommandTests {
         let broken = try await run(["--config", "fleet.yaml", "jobs.jsonl"], files: ["jobs.jsonl": Self.jobs, "fleet.yaml": "apps: [a]\n"])
         #expect(broken.status == 2)
         #expect(broken.lines.contains { $0.contains("app.a.key-file") }, "\(broken.lines)")
+
+        // A limit no worker can be configured with would pass jobs every worker refuses.
+        let unreachable = try await run(["--max-tokens", "10000", "jobs.jsonl"], files: ["jobs.jsonl": Self.jobs])
+        #expect(unreachable.status == 2)
+        #expect(unreachable.lines.contains { $0.contains("--max-tokens must be 1 to 7500") }, "\(unreachable.lines)")
     }
 }
 

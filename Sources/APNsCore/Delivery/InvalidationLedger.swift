@@ -9,7 +9,8 @@
 /// the published event is news, since readers take a token back when the app registers it
 /// again after an event's time (apps do so on every launch), and a token still bad must then
 /// be invalidated again; closer repeats (a redone job, a producer sending to it in a loop) are
-/// duplicates, so one bad token costs at most one event a minute. Another reason is news
+/// duplicates, so one bad token costs at most one event a minute, whichever of the two reasons
+/// each answer gives. Another reason is news
 /// unless it is older than what was published: a redelivered old result must not follow a
 /// newer event onto the compacted topic, where the last value for a key is the one readers keep.
 ///
@@ -44,9 +45,13 @@ public struct InvalidationLedger: Sendable {
         let key = Self.hash(event.key)
         if let known = entries[key] {
             let laterBy = event.invalidatedAt - known.invalidatedAt
-            let again = known.reason == event.reason
+            // The two send-time reasons bound a key together: a producer whose answers alternate
+            // between them must not get an event per answer.
+            let sameKind = known.reason == event.reason
+                || (Self.carriesSendTime(known.reason) && Self.carriesSendTime(event.reason))
+            let again = sameKind
                 && (event.reason == APNsReason.unregistered.rawValue ? laterBy > 0 : laterBy >= Self.repeatIntervalMilliseconds)
-            let otherReason = known.reason != event.reason && laterBy >= 0
+            let otherReason = !sameKind && laterBy >= 0
             guard otherReason || again else { return false }
             entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
             return true
@@ -73,6 +78,11 @@ public struct InvalidationLedger: Sendable {
         entries[key] = nil
         // Its slot in `order` stays: evicting a key that is gone is a no-op, and if the key comes
         // back it is merely forgotten a little early.
+    }
+
+    /// BadDeviceToken and DeviceTokenNotForTopic: their events carry only the time of the send.
+    private static func carriesSendTime(_ reason: String) -> Bool {
+        reason == APNsReason.badDeviceToken.rawValue || reason == APNsReason.deviceTokenNotForTopic.rawValue
     }
 
     /// Seeded per process, like every Swift hash: fine for memory that lives as long as it.

@@ -49,7 +49,9 @@ struct ValidateJobCommand: AsyncParsableCommand {
     var json = false
 
     func validate() throws {
-        if let maxTokens, maxTokens < 1 { throw ValidationError("--max-tokens must be at least 1") }
+        if let maxTokens, !(1...JobDecoder.Limits.tokensThatFit).contains(maxTokens) {
+            throw ValidationError("--max-tokens must be 1 to \(JobDecoder.Limits.tokensThatFit) (the most worker.max-tokens-per-job allows)")
+        }
         for header in headers where !header.contains("=") {
             throw ValidationError("--header expects key=value, got '\(header)'")
         }
