@@ -20,6 +20,9 @@ help:
 	@echo "make demo    run the demo on embedded Kafka and the APNs simulator"
 	@echo "make test    build and run the tests (installs missing system packages)"
 	@echo "make build   debug build;  make release  release build"
+	@echo "make soak    the reliability suites at soak size"
+	@echo "make sanitize  APNsCore's tests under TSan and ASan;  make fuzz  libFuzzer over the decoders"
+	@echo "make config-reference  regenerate docs/configuration.md"
 
 # Installs only what is absent, so a machine that has everything never touches apt.
 define install_missing

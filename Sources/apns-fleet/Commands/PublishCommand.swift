@@ -35,7 +35,7 @@ struct PublishCommand: AsyncParsableCommand {
     @Option(help: "Configuration file (YAML or JSON) for Kafka settings and topic names.")
     var config: String?
 
-    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key.", valueName: "key=value"))
+    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key. Not for secrets: arguments are visible to every process on the host.", valueName: "key=value"))
     var overrides: [String] = []
 
     @Option(name: .customLong("to"), help: "Topic to publish to. Default: topics.jobs (apns.jobs).")

@@ -14,7 +14,7 @@ struct FleetProcessOptions: ParsableArguments {
     @Option(help: "Configuration file (YAML or JSON).")
     var config: String?
 
-    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key.", valueName: "key=value"))
+    @Option(name: .customLong("set"), help: ArgumentHelp("Override a configuration key. Not for secrets: arguments are visible to every process on the host.", valueName: "key=value"))
     var overrides: [String] = []
 
     @Option(help: "Log level: trace, debug, info, notice, warning, error or critical.")
