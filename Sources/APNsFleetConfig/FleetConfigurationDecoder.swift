@@ -109,14 +109,7 @@ struct FleetConfigurationDecoder {
         kafka.securityProtocol = try choice("kafka.security-protocol", default: .plaintext)
         kafka.saslMechanism = try optionalChoice("kafka.sasl.mechanism")
         kafka.saslUsername = try string("kafka.sasl.username")
-        kafka.saslPassword = try secret("kafka.sasl.password")
-        if let file = try string("kafka.sasl.password-file") {
-            guard kafka.saslPassword == nil else {
-                throw ConfigurationError(key: "kafka.sasl.password-file", "give kafka.sasl.password or kafka.sasl.password-file, not both")
-            }
-            kafka.saslPassword = try SecretFile.read(file, key: "kafka.sasl.password-file")
-            kafka.saslPasswordFile = file
-        }
+        kafka.saslPassword = try secretOrFile("kafka.sasl.password")
         if kafka.securityProtocol.usesSASL {
             guard kafka.saslMechanism != nil else {
                 throw ConfigurationError(key: "kafka.sasl.mechanism", "is required with security protocol \(kafka.securityProtocol.rawValue)")
@@ -128,7 +121,7 @@ struct FleetConfigurationDecoder {
         kafka.sslCAFile = try string("kafka.ssl.ca-file")
         kafka.sslCertificateFile = try string("kafka.ssl.certificate-file")
         kafka.sslKeyFile = try string("kafka.ssl.key-file")
-        kafka.sslKeyPassword = try secret("kafka.ssl.key-password")
+        kafka.sslKeyPassword = try secretOrFile("kafka.ssl.key-password")
         for (index, entry) in try stringList("kafka.properties").enumerated() {
             // The entry is not echoed: a mistyped one may hold a password.
             guard let equals = entry.firstIndex(of: "="), equals != entry.startIndex else {
@@ -150,7 +143,7 @@ struct FleetConfigurationDecoder {
         let authentication: AppConfiguration.Authentication
         switch try string(key("auth")) ?? "token" {
         case "token":
-            try refuseIgnored(["certificate-file", "private-key-file", "pkcs12-file", "certificate-password"].map(key), because: "\(key("auth")) is token")
+            try refuseIgnored(["certificate-file", "private-key-file", "pkcs12-file", "certificate-password", "certificate-password-file"].map(key), because: "\(key("auth")) is token")
             guard let keyFile = try string(key("key-file")) else {
                 throw ConfigurationError(key: key("key-file"), "is required for token auth (the .p8 signing key)")
             }
@@ -161,7 +154,7 @@ struct FleetConfigurationDecoder {
             authentication = .token(keyFile: keyFile, keyID: keyID, teamID: teamID)
         case "certificate":
             try refuseIgnored(["key-file", "key-id", "team-id"].map(key), because: "\(key("auth")) is certificate")
-            let password = try secret(key("certificate-password"))
+            let password = try secretOrFile(key("certificate-password"))
             if let bundle = try string(key("pkcs12-file")) {
                 try refuseIgnored(["certificate-file", "private-key-file"].map(key), because: "\(key("pkcs12-file")) is set; give either the PKCS#12 bundle or the PEM files")
                 authentication = .certificate(.pkcs12(file: bundle, password: password))
@@ -400,6 +393,15 @@ struct FleetConfigurationDecoder {
     private func secret(_ key: String) throws(ConfigurationError) -> Secret? {
         guard let value = try lookup(key, { try reader.requiredString(forKey: $0, isSecret: true) }) else { return nil }
         return value.isEmpty ? nil : Secret(value)
+    }
+
+    /// A secret given as `key`, or read from the file that `key-file` names (never both).
+    private func secretOrFile(_ key: String) throws(ConfigurationError) -> Secret? {
+        let value = try secret(key)
+        let fileKey = key + "-file"
+        guard let file = try string(fileKey) else { return value }
+        guard value == nil else { throw ConfigurationError(key: fileKey, "give \(key) or \(fileKey), not both") }
+        return try SecretFile.read(file, key: fileKey)
     }
 
     private func stringList(_ key: String) throws(ConfigurationError) -> [String] {

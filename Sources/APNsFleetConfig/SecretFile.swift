@@ -32,7 +32,7 @@ public enum SecretFile {
         if text.hasSuffix("\n") { text.removeLast() }
         if text.hasSuffix("\r") { text.removeLast() }
         guard !text.isEmpty else { throw ConfigurationError(key: key, "\(path) is empty") }
-        return Secret(text)
+        return Secret(text, file: path)
     }
 
     /// Warnings for key and password files that other users can read: a leaked .p8 key lets
@@ -41,19 +41,27 @@ public enum SecretFile {
         var warnings: [String] = []
         for app in configuration.apps {
             var files: [(String, String)] = []
+            var password: Secret?
             switch app.authentication {
             case .token(let keyFile, _, _):
                 files.append(("app.\(app.name).key-file", keyFile))
-            case .certificate(.pem(_, let privateKeyFile, _)):
+            case .certificate(.pem(_, let privateKeyFile, let secret)):
                 files.append(("app.\(app.name).private-key-file", privateKeyFile))
-            case .certificate(.pkcs12(let file, _)):
+                password = secret
+            case .certificate(.pkcs12(let file, let secret)):
                 files.append(("app.\(app.name).pkcs12-file", file))
+                password = secret
             }
+            if let file = password?.file { files.append(("app.\(app.name).certificate-password-file", file)) }
             for (key, path) in files {
                 if let warning = worldReadableWarning(path: path, key: key) { warnings.append(warning) }
             }
         }
-        for (key, path) in [("kafka.ssl.key-file", configuration.kafka.sslKeyFile), ("kafka.sasl.password-file", configuration.kafka.saslPasswordFile)] {
+        for (key, path) in [
+            ("kafka.ssl.key-file", configuration.kafka.sslKeyFile),
+            ("kafka.ssl.key-password-file", configuration.kafka.sslKeyPassword?.file),
+            ("kafka.sasl.password-file", configuration.kafka.saslPassword?.file),
+        ] {
             if let path, let warning = worldReadableWarning(path: path, key: key) { warnings.append(warning) }
         }
         return warnings

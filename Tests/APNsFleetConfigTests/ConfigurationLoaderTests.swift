@@ -347,6 +347,34 @@ struct ConfigurationLoaderTests {
         #expect(error?.description == "configuration key 'apps': must be a list: [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
     }
 
+    @Test("the TLS key and certificate passwords can come from files too, checked like the SASL one")
+    func otherPasswordFiles() async throws {
+        let keyPassword = try temporaryFile("kafka-key-password", "kafka-key\n")
+        let certificatePassword = try temporaryFile("certificate-password", "cert-key\n", mode: 0o644)
+        let environment = [
+            "APNS_FLEET_KAFKA_SSL_KEY_PASSWORD_FILE": keyPassword,
+            "APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate",
+            "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem",
+            "APNS_FLEET_APP_A_CERTIFICATE_PASSWORD_FILE": certificatePassword,
+        ]
+        let configuration = try await ConfigurationLoader(environment: environment).load()
+        #expect(configuration.kafka.sslKeyPassword?.revealed == "kafka-key")
+        guard case .certificate(.pem(_, _, let password)) = configuration.apps.first?.authentication else {
+            Issue.record("expected PEM certificate auth")
+            return
+        }
+        #expect(password?.revealed == "cert-key")
+        #expect(SecretFile.permissionWarnings(for: configuration) == [
+            "app.a.certificate-password-file: \(certificatePassword) is readable by every user (mode 644); run chmod 600 on it",
+        ])
+
+        var both = environment
+        both["APNS_FLEET_APP_A_CERTIFICATE_PASSWORD"] = "inline-secret"
+        let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(environment: both).load() }
+        #expect(error?.description == "configuration key 'app.a.certificate-password-file': give app.a.certificate-password or app.a.certificate-password-file, not both")
+        #expect(error?.description.contains("inline-secret") == false)
+    }
+
     @Test("a world-readable SASL password file is warned about")
     func worldReadablePasswordFile() async throws {
         let path = try temporaryFile("sasl-password", "secret\n", mode: 0o644)

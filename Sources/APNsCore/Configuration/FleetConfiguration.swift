@@ -3,9 +3,12 @@
 public struct Secret: Sendable, Hashable, CustomStringConvertible, CustomDebugStringConvertible {
     /// The secret itself; read it only where it is handed to the library that needs it.
     public let revealed: String
+    /// The file it was read from (a `*-file` key), so that a file every user can read is warned about.
+    public let file: String?
 
-    public init(_ value: String) {
+    public init(_ value: String, file: String? = nil) {
         self.revealed = value
+        self.file = file
     }
 
     public var description: String { "<redacted>" }
@@ -120,8 +123,6 @@ public struct KafkaSettings: Sendable {
     public var saslMechanism: SASLMechanism?
     public var saslUsername: String?
     public var saslPassword: Secret?
-    /// Where `saslPassword` was read from, if from a file (for the permission warning).
-    public var saslPasswordFile: String?
     public var sslCAFile: String?
     public var sslCertificateFile: String?
     public var sslKeyFile: String?
