@@ -785,6 +785,7 @@ final class APNsConnection: @unchecked Sendable {
         guard let session, !closed else { return }
         let now = NIODeadline.now()
         var wrote = false
+        var sentRequestTimedOut = false
         if !streams.isEmpty {
             var expired: [Int32] = []
             var unsentPastSendBy: [Int32] = []
@@ -798,6 +799,7 @@ final class APNsConnection: @unchecked Sendable {
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 let unsent = !session.hasSentHeaders(on: stream)
+                if !unsent { sentRequestTimedOut = true }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
                 finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: unsent)))
@@ -830,7 +832,12 @@ final class APNsConnection: @unchecked Sendable {
                 channel?.close(promise: nil)
                 return
             }
-        } else if ready, now - lastRead > TimeAmount(configuration.pingInterval) {
+        } else if ready, now - lastRead > TimeAmount(configuration.pingInterval)
+            || (sentRequestTimedOut && now - lastRead > Self.quietBeforeSuspectPing) {
+            // A request that went out and timed out on a connection that has read nothing for a
+            // while hints at a dead path (a black hole drops packets without a reset): PING now,
+            // rather than after `pingInterval`. Until then the pool keeps handing the dead
+            // connection work, as its timed-out streams left it with the most free streams.
             do {
                 try session.submitPing(opaqueData: UInt64(truncatingIfNeeded: now.uptimeNanoseconds))
                 pingSentAt = now
@@ -844,6 +851,10 @@ final class APNsConnection: @unchecked Sendable {
         closeIfDrained()
         flushCompletions()
     }
+
+    /// How long a connection must have read nothing for a timed-out request to bring its PING
+    /// forward: a connection still answering other streams is alive, whatever one stream did.
+    static let quietBeforeSuspectPing = TimeAmount.seconds(1)
 
     static func duration(from start: NIODeadline, to end: NIODeadline) -> Duration {
         .nanoseconds(Int64(end.uptimeNanoseconds &- start.uptimeNanoseconds))

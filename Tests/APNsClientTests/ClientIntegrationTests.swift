@@ -685,6 +685,38 @@ struct DeadConnectionTests {
         await simulator.stop(gracePeriod: .milliseconds(50))
     }
 
+    @Test("A request that times out on a connection gone silent brings its PING forward: the next request is not sent into the void for the whole PING interval")
+    func timeoutBringsPingForward() async throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        let simulator = try await startSimulator(credentials)
+        let proxy = try await BlackholeProxy.start(upstreamPort: try #require(simulator.port(.http2TLS)))
+        var configuration = try credentials.configuration(port: proxy.port)
+        // The default interval: without the timed-out request nothing would PING for 30 s.
+        configuration.pingInterval = .seconds(30)
+        configuration.pingTimeout = .seconds(1)
+        let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await pool.run() }
+            #expect(try await Self.answered(by: pool, within: .seconds(20)), "the first connection")
+            proxy.freeze()
+            // Let the connection's last read age past the quiet second the early PING waits for.
+            try await Task.sleep(for: .milliseconds(1200))
+            let timedOut = await pool.send(Fixture.notification(), timeout: .milliseconds(500))
+            #expect(timedOut.notAnswered?.kind == .timeout, "\(timedOut)")
+            let start = ContinuousClock.now
+            let next = await pool.send(Fixture.notification(), timeout: .seconds(25))
+            #expect(next.notAnswered?.kind == .connectionFailed, "\(next)")
+            #expect(ContinuousClock.now - start < .seconds(10), "found dead by the early PING, not by the 25 s deadline")
+            proxy.freeze(false)
+            #expect(try await Self.answered(by: pool, within: .seconds(20)), "a replacement connection")
+            pool.shutdown()
+            try await group.waitForAll()
+        }
+        await proxy.stop()
+        await simulator.stop(gracePeriod: .milliseconds(50))
+    }
+
     @Test("A slot that cannot connect does not fail every request while another slot replaces its connection after a GOAWAY")
     func goAwayWhileAnotherSlotFails() async throws {
         let credentials = try ClientTestCredentials.make()
