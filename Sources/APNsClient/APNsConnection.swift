@@ -142,6 +142,8 @@ final class APNsConnection: @unchecked Sendable {
     /// One clock reading per burst for answer latencies.
     @exclusivity(unchecked) private var burstNow: NIODeadline?
     @exclusivity(unchecked) private(set) var hadSuccess = false
+    /// 5xx answers since the last other answer (see `retireIfFailingFast`).
+    @exclusivity(unchecked) private var serverErrorsInARow = 0
     /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
     private let successSeen = Atomic<Bool>(false)
     var hadSuccessSnapshot: Bool { successSeen.load(ordering: .relaxed) }
@@ -585,14 +587,42 @@ final class APNsConnection: @unchecked Sendable {
             events.connection(self, didRejectProviderToken: reason)
         }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
-        // "The server is shutting down": a server that answers this at once would otherwise
-        // keep the most free streams and so take nearly every request of the pool.
-        if reason == .shutdown, !unusable {
-            logger.info("APNs answered 503 Shutdown; retiring the connection")
-            becomeUnusable()
-        }
+        retireIfFailingFast(status: response.status, reason: reason)
         closeIfDrained()
     }
+
+    /// A connection answered with at once keeps the most free streams, so the pool would hand
+    /// it nearly every request (and every retry of them) while healthy connections wait on
+    /// APNs. Retired, it is replaced after the slot's backoff, which grows while replacements
+    /// fail the same way:
+    /// - 503 Shutdown: the server is going away;
+    /// - 429 TooManyProviderTokenUpdates: APNs may refuse this connection for a while;
+    /// - `serverErrorsToRetire` 5xx answers in a row with no other answer between: a sick
+    ///   front end (an occasional 500 among successes does not count).
+    private func retireIfFailingFast(status: Int, reason: APNsReason?) {
+        if status >= 500 {
+            serverErrorsInARow += 1
+        } else {
+            serverErrorsInARow = 0
+        }
+        guard !unusable else { return }
+        if reason == .shutdown {
+            logger.info("APNs answered 503 Shutdown; retiring the connection")
+        } else if reason == .tooManyProviderTokenUpdates {
+            logger.warning("APNs answered 429 TooManyProviderTokenUpdates; retiring the connection")
+        } else if serverErrorsInARow >= Self.serverErrorsToRetire {
+            logger.warning("APNs answered only server errors; retiring the connection", metadata: [
+                "apns.status": "\(status)", "apns.reason": "\(reason?.rawValue ?? "none")", "apns.errors_in_a_row": "\(serverErrorsInARow)",
+            ])
+        } else {
+            return
+        }
+        metrics.connectionEvent("retired")
+        becomeUnusable()
+    }
+
+    /// See `retireIfFailingFast`: enough that a burst of errors among successes never counts.
+    static let serverErrorsToRetire = 100
 
     static func parseBody(_ body: ByteBuffer) -> (APNsReason?, Int64?) {
         guard let value = try? JSONParser.parse(Array(body.readableBytesView)) else { return (nil, nil) }

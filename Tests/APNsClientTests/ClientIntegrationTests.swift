@@ -316,6 +316,35 @@ struct ClientIntegrationTests {
         }
     }
 
+    @Test("A connection answering only server errors is retired after 100 in a row; errors among successes are not counted")
+    func failingFastConnectionIsRetired() async throws {
+        try await withPool(client: { $0.connections = 1 }) { pool, simulator, _ in
+            #expect(await pool.waitUntilReady())
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
+            let opened = simulator.counters.snapshot().connectionsOpened
+
+            // Half the answers errors: far from 100 in a row, so the connection stays.
+            try simulator.setFaults(RuntimeFaults.Overrides(internalServerErrorRate: 0.5))
+            var errors = 0
+            for _ in 0..<300 where await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500 { errors += 1 }
+            #expect((50...250).contains(errors), "\(errors) errors")
+            #expect(simulator.counters.snapshot().connectionsOpened == opened, "errors among successes retire nothing")
+
+            // Only errors: without retiring, this connection (the most free streams) would take
+            // every request and every retry.
+            try simulator.setFaults(RuntimeFaults.Overrides(internalServerErrorRate: 1))
+            for _ in 0..<99 {
+                #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500)
+            }
+            #expect(simulator.counters.snapshot().connectionsOpened == opened, "99 in a row is not yet enough")
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500)
+            #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
+            try simulator.setFaults(RuntimeFaults.Overrides())
+            #expect(await pool.waitUntilReady())
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
+        }
+    }
+
     @Test("A waiting caller gives up at its deadline")
     func waitingDeadline() async throws {
         try await withPool(simulator: {
