@@ -50,16 +50,24 @@ public struct APNsClientError: Error, Sendable, Hashable, CustomStringConvertibl
     public var description: String { "APNs client (\(code)): \(message)" }
 }
 
-/// The time source for provider tokens (`iat`, refresh age): unix seconds. Injectable so that
-/// tests can age tokens without waiting.
+/// The time sources for provider tokens: `now` (unix seconds) for their `iat`, and `elapsed`
+/// (seconds on a clock that never jumps) for their age, so that an NTP step or a resumed VM
+/// neither replaces a token early (APNs answers TooManyProviderTokenUpdates) nor keeps one past
+/// its hour. Injectable so that tests can age tokens without waiting.
 public struct APNsClock: Sendable {
     public let now: @Sendable () -> Int64
+    public let elapsed: @Sendable () -> Int64
 
-    public init(now: @escaping @Sendable () -> Int64) {
+    /// A clock whose `elapsed` is `now` unless given (a test's clock moves both at once).
+    public init(now: @escaping @Sendable () -> Int64, elapsed: (@Sendable () -> Int64)? = nil) {
         self.now = now
+        self.elapsed = elapsed ?? now
     }
 
-    public static let system = APNsClock { Int64(Date().timeIntervalSince1970) }
+    public static let system = APNsClock(
+        now: { Int64(Date().timeIntervalSince1970) },
+        elapsed: { Int64(NIODeadline.now().uptimeNanoseconds / 1_000_000_000) }
+    )
 }
 
 /// How a connection authenticates.

@@ -436,18 +436,19 @@ final class APNsConnection: @unchecked Sendable {
 
     /// The bearer header for now, minting a token when the schedule says so.
     private func currentAuthorization(_ signer: ProviderTokenSigner) -> String? {
-        let now = configuration.clock.now()
-        switch tokenSchedule.decide(now: now) {
+        let elapsed = configuration.clock.elapsed()
+        switch tokenSchedule.decide(at: elapsed) {
         case .keep:
             if let authorization { return authorization }
             fallthrough
         case .mint:
             do {
-                let token = try signer.token(issuedAt: now)
-                tokenSchedule.minted(issuedAt: now)
+                let issuedAt = configuration.clock.now()
+                let token = try signer.token(issuedAt: issuedAt)
+                tokenSchedule.minted(at: elapsed)
                 authorization = "bearer " + token
                 metrics.tokensMinted.increment()
-                logger.debug("Minted a provider token", metadata: ["apns.token.issued_at": "\(now)"])
+                logger.debug("Minted a provider token", metadata: ["apns.token.issued_at": "\(issuedAt)"])
                 return authorization
             } catch {
                 logger.error("Cannot sign a provider token", metadata: ["apns.error": "\(error)"])

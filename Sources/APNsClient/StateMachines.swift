@@ -86,32 +86,33 @@ public struct StreamBudget: Sendable, Hashable {
 ///
 /// One token per connection, minted when the connection starts and replaced when it reaches
 /// `refreshAge` (clamped to 20…59 minutes: APNs rejects tokens older than an hour, and answers
-/// TooManyProviderTokenUpdates to changes more often than every 20 minutes).
+/// TooManyProviderTokenUpdates to changes more often than every 20 minutes). Times are seconds
+/// on a clock that does not jump (`APNsClock.elapsed`), not the token's `iat`.
 public struct ProviderTokenSchedule: Sendable, Hashable {
     public static let minimumAge: Int64 = 20 * 60
     public static let maximumAge: Int64 = 59 * 60
 
     public enum Decision: Sendable, Hashable {
         case keep
-        case mint(issuedAt: Int64)
+        case mint
     }
 
     public let refreshAge: Int64
-    public private(set) var issuedAt: Int64?
+    public private(set) var mintedAt: Int64?
 
     public init(refreshAge: Int64) {
         self.refreshAge = min(max(refreshAge, Self.minimumAge), Self.maximumAge)
     }
 
-    /// What to do before sending at `now` (unix seconds).
-    public func decide(now: Int64) -> Decision {
-        guard let issuedAt else { return .mint(issuedAt: now) }
-        // A clock that went backwards never causes an early change.
-        return now - issuedAt >= refreshAge ? .mint(issuedAt: now) : .keep
+    /// What to do before sending at `time`.
+    public func decide(at time: Int64) -> Decision {
+        guard let mintedAt else { return .mint }
+        // A clock that went backwards (an injected one) never causes an early change.
+        return time - mintedAt >= refreshAge ? .mint : .keep
     }
 
-    public mutating func minted(issuedAt: Int64) {
-        self.issuedAt = issuedAt
+    public mutating func minted(at time: Int64) {
+        mintedAt = time
     }
 }
 

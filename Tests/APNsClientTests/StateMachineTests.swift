@@ -66,11 +66,11 @@ struct StateMachineTests {
     @Test("Tokens are minted first, kept under the refresh age, replaced at it")
     func tokenSchedule() {
         var schedule = ProviderTokenSchedule(refreshAge: 50 * 60)
-        #expect(schedule.decide(now: 1000) == .mint(issuedAt: 1000))
-        schedule.minted(issuedAt: 1000)
-        #expect(schedule.decide(now: 1000 + 49 * 60) == .keep)
-        #expect(schedule.decide(now: 1000 + 50 * 60) == .mint(issuedAt: 1000 + 50 * 60))
-        #expect(schedule.decide(now: 500) == .keep, "a clock going backwards never causes a change")
+        #expect(schedule.decide(at: 1000) == .mint)
+        schedule.minted(at: 1000)
+        #expect(schedule.decide(at: 1000 + 49 * 60) == .keep)
+        #expect(schedule.decide(at: 1000 + 50 * 60) == .mint)
+        #expect(schedule.decide(at: 500) == .keep, "a clock going backwards never causes a change")
     }
 
     @Test("The refresh age is clamped to 20…59 minutes")
@@ -78,9 +78,9 @@ struct StateMachineTests {
         #expect(ProviderTokenSchedule(refreshAge: 60).refreshAge == 20 * 60)
         #expect(ProviderTokenSchedule(refreshAge: 2 * 3600).refreshAge == 59 * 60)
         var schedule = ProviderTokenSchedule(refreshAge: 0)
-        schedule.minted(issuedAt: 0)
-        #expect(schedule.decide(now: 19 * 60 + 59) == .keep, "never more often than every 20 minutes")
-        #expect(schedule.decide(now: 20 * 60) != .keep)
+        schedule.minted(at: 0)
+        #expect(schedule.decide(at: 19 * 60 + 59) == .keep, "never more often than every 20 minutes")
+        #expect(schedule.decide(at: 20 * 60) != .keep)
     }
 
     @Test("Repeated token rejections become a configuration error once")

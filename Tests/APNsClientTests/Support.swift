@@ -42,12 +42,14 @@ struct ClientTestCredentials {
     func remove() { try? FileManager.default.removeItem(atPath: directory) }
 }
 
-/// A clock the test moves by hand.
+/// A clock the test moves by hand: `advance` moves time on, `stepWallClock` only the wall
+/// clock (an NTP step or a resumed VM).
 final class ManualClock: Sendable {
-    private let seconds: Mutex<Int64>
-    init(_ start: Int64) { seconds = Mutex(start) }
-    func advance(bySeconds delta: Int64) { seconds.withLock { $0 += delta } }
-    var clock: APNsClock { APNsClock { self.seconds.withLock { $0 } } }
+    private let seconds: Mutex<(wall: Int64, elapsed: Int64)>
+    init(_ start: Int64) { seconds = Mutex((start, 0)) }
+    func advance(bySeconds delta: Int64) { seconds.withLock { $0.wall += delta; $0.elapsed += delta } }
+    func stepWallClock(bySeconds delta: Int64) { seconds.withLock { $0.wall += delta } }
+    var clock: APNsClock { APNsClock(now: { self.seconds.withLock { $0.wall } }, elapsed: { self.seconds.withLock { $0.elapsed } }) }
 }
 
 enum Fixture {
