@@ -101,12 +101,20 @@ public struct LegacyFeedbackClient: Sendable {
         let budget = TimeAmount(timeout)
         let quiet = TimeAmount(quietEnd)
         let deadline = NIOLoopBoundBox.makeEmptyBox(valueType: Scheduled<Void>.self, eventLoop: eventLoop)
+        // When the check below is due: a check that runs late (this process starved of CPU)
+        // must not take its own lateness for the service's silence.
+        let checkDue = NIOLoopBoundBox.makeBoxSendingValue(NIODeadline.now(), eventLoop: eventLoop)
+        @Sendable func check(in wait: TimeAmount) {
+            checkDue.value = .now() + wait
+            deadline.value = eventLoop.scheduleTask(in: wait, expireWhenReading)
+        }
         @Sendable func expireWhenReading() {
             let now = NIODeadline.now()
+            let late = max(.zero, now - checkDue.value)
             let paused = reader.pausedTime(now: now)
             let reading = (now - startedAt) - paused.total
             let sinceLastRead = reader.quietTime(now: now)
-            if !paused.now, let sinceLastRead, sinceLastRead >= quiet {
+            if !paused.now, let sinceLastRead, sinceLastRead - late >= quiet {
                 signal.yield(.ended(.quiet))
                 channel.close(promise: nil)
                 return
@@ -114,16 +122,14 @@ public struct LegacyFeedbackClient: Sendable {
             guard !paused.now, reading >= budget else {
                 var wait = paused.now ? .milliseconds(100) : budget - reading
                 if !paused.now { wait = min(wait, quiet - (sinceLastRead ?? .zero)) }
-                deadline.value = eventLoop.scheduleTask(in: wait, expireWhenReading)
-                return
+                return check(in: wait)
             }
             // Past the budget, a service still sending is not cut off at once: it has forgotten
             // what it sent, so bytes left unread are tuples lost. It is at twice the budget (a
             // stop waits for a poll; its callers size the budget for that).
             // Read bytes, not whole tuples: a stream in full flow is mostly cut inside one.
-            if let sending = reader.sinceLastRead(now: now), sending < Self.stillSending, reading < budget * 2 {
-                deadline.value = eventLoop.scheduleTask(in: Self.stillSending - sending, expireWhenReading)
-                return
+            if let sending = reader.sinceLastRead(now: now).map({ $0 - late }), sending < Self.stillSending, reading < budget * 2 {
+                return check(in: Self.stillSending - max(.zero, sending))
             }
             signal.yield(.ended(.timedOut))
             channel.close(promise: nil)

@@ -113,15 +113,20 @@ func waitUntil(timeout: Duration = .seconds(5), _ what: String = "condition", _ 
 /// `holdOpen`, keeps the connection open, as the reference test server does for a minute).
 final class ChunkedFeedbackServer: Sendable {
     let channel: any Channel
+    /// Its own thread: on the event loops every suite shares, a busy neighbour could hold its
+    /// timed writes back for a second, which the client rightly takes for a service done sending.
+    private let group: MultiThreadedEventLoopGroup
 
     var port: Int { channel.localAddress?.port ?? 0 }
 
-    private init(channel: any Channel) {
+    private init(channel: any Channel, group: MultiThreadedEventLoopGroup) {
         self.channel = channel
+        self.group = group
     }
 
     static func start(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool = false, gap: TimeAmount = .microseconds(300)) async throws -> ChunkedFeedbackServer {
-        let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
@@ -130,11 +135,12 @@ final class ChunkedFeedbackServer: Sendable {
                 }
             }
             .bind(host: "127.0.0.1", port: 0).get()
-        return ChunkedFeedbackServer(channel: channel)
+        return ChunkedFeedbackServer(channel: channel, group: group)
     }
 
     func stop() async {
         try? await channel.close()
+        try? await group.shutdownGracefully()
     }
 
     private final class ChunkWriter: ChannelInboundHandler {
