@@ -51,8 +51,8 @@ public struct APNsClientError: Error, Sendable, Hashable, CustomStringConvertibl
 }
 
 /// The time sources for provider tokens: `now` (unix seconds) for their `iat`, and `elapsed`
-/// (seconds on a clock that never jumps) for their age, so that an NTP step or a resumed VM
-/// neither replaces a token early (APNs answers TooManyProviderTokenUpdates) nor keeps one past
+/// (seconds on a clock that is never stepped, and counts a suspend) for their age, so that a
+/// wall clock stepped by NTP neither replaces a token early (APNs answers TooManyProviderTokenUpdates) nor keeps one past
 /// its hour. Injectable so that tests can age tokens without waiting.
 public struct APNsClock: Sendable {
     public let now: @Sendable () -> Int64
@@ -66,8 +66,11 @@ public struct APNsClock: Sendable {
 
     public static let system = APNsClock(
         now: { Int64(Date().timeIntervalSince1970) },
-        elapsed: { Int64(NIODeadline.now().uptimeNanoseconds / 1_000_000_000) }
+        // ContinuousClock keeps counting while the machine is suspended (CLOCK_BOOTTIME on
+        // Linux), and is never stepped.
+        elapsed: { (ContinuousClock.now - start).components.seconds }
     )
+    private static let start = ContinuousClock.now
 }
 
 /// How a connection authenticates.

@@ -335,6 +335,9 @@ struct ClientIntegrationTests {
             for _ in 0..<300 where await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500 { errors += 1 }
             #expect((50...250).contains(errors), "\(errors) errors")
             #expect(simulator.counters.snapshot().connectionsOpened == opened, "errors among successes retire nothing")
+            // A success ends whatever run of errors the last draws made.
+            try simulator.setFaults(RuntimeFaults.Overrides())
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
 
             // Only errors: without retiring, this connection (the most free streams) would take
             // every request and every retry.
