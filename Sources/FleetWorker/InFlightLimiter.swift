@@ -17,7 +17,8 @@ final class InFlightLimiter: Sendable {
     private struct State {
         var available: Int
         var gate: WatermarkGate
-        var waiters: Deque<(count: Int, continuation: CheckedContinuation<Void, Never>)> = []
+        /// Queued acquires; `interruptible` ones end early on `interrupt()`, with false.
+        var waiters: Deque<(count: Int, interruptible: Bool, continuation: CheckedContinuation<Bool, Never>)> = []
         var idleWaiters: [UInt64: CheckedContinuation<Void, Never>] = [:]
         var nextIdleWaiter: UInt64 = 0
     }
@@ -42,18 +43,57 @@ final class InFlightLimiter: Sendable {
     /// Takes `count` slots (at most the capacity, so a job larger than the bound still runs
     /// alone), waiting for them if need be.
     func acquire(_ count: Int) async {
+        _ = await acquire(count, interruptible: false, unless: { false })
+    }
+
+    /// Like `acquire(_:)`, but gives up, taking nothing, when `interrupted` is true as it is
+    /// about to wait (checked under the limiter's lock) or when `interrupt()` is called while
+    /// it waits. Returns whether the slots were taken.
+    func acquire(_ count: Int, unless interrupted: () -> Bool) async -> Bool {
+        await acquire(count, interruptible: true, unless: interrupted)
+    }
+
+    private func acquire(_ count: Int, interruptible: Bool, unless interrupted: () -> Bool) async -> Bool {
         let wanted = min(max(count, 1), capacity)
         // Below the bound (the steady state) no continuation is made: suspending and resuming
         // the consume loop once per record cost more than the rest of taking a slot.
-        if state.withLock({ take(wanted, &$0) }) { return }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let ready = state.withLock { state -> Bool in
+        if state.withLock({ take(wanted, &$0) }) { return true }
+        return await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let ready = state.withLock { state -> Bool? in
                 if take(wanted, &state) { return true }
-                state.waiters.append((wanted, continuation))
-                return false
+                if interruptible, interrupted() { return false }
+                state.waiters.append((wanted, interruptible, continuation))
+                return nil
             }
-            if ready { continuation.resume() }
+            if let ready { continuation.resume(returning: ready) }
         }
+    }
+
+    /// Ends every interruptible wait, taking nothing: its caller has something to look at
+    /// first (the consume loop, a revocation).
+    func interrupt() {
+        let (ended, served) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], [CheckedContinuation<Bool, Never>]) in
+            guard state.waiters.contains(where: \.interruptible) else { return ([], []) }
+            let ended = state.waiters.filter(\.interruptible).map(\.continuation)
+            state.waiters.removeAll(where: \.interruptible)
+            // Those queued behind may now be served.
+            let served = serveWaiters(&state)
+            changed(&state)
+            return (ended, served)
+        }
+        for continuation in ended { continuation.resume(returning: false) }
+        for continuation in served { continuation.resume(returning: true) }
+    }
+
+    /// Under the lock: hands free slots to the waiters at the head of the queue, in order.
+    private func serveWaiters(_ state: inout State) -> [CheckedContinuation<Bool, Never>] {
+        var ready: [CheckedContinuation<Bool, Never>] = []
+        while let first = state.waiters.first, max(first.count, wakeBatch) <= state.available {
+            state.available -= first.count
+            ready.append(first.continuation)
+            state.waiters.removeFirst()
+        }
+        return ready
     }
 
     /// Under the lock: takes `count` slots if they are free and nobody is queued before.
@@ -66,22 +106,19 @@ final class InFlightLimiter: Sendable {
 
     func release(_ count: Int) {
         let wanted = min(max(count, 1), capacity)
-        let ready = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+        let (served, idle) = state.withLock { state -> ([CheckedContinuation<Bool, Never>], [CheckedContinuation<Void, Never>]) in
             state.available += wanted
-            var ready: [CheckedContinuation<Void, Never>] = []
-            while let first = state.waiters.first, max(first.count, wakeBatch) <= state.available {
-                state.available -= first.count
-                ready.append(first.continuation)
-                state.waiters.removeFirst()
-            }
+            let served = serveWaiters(&state)
+            var idle: [CheckedContinuation<Void, Never>] = []
             if state.available == capacity, !state.idleWaiters.isEmpty {
-                ready += state.idleWaiters.values
+                idle = Array(state.idleWaiters.values)
                 state.idleWaiters.removeAll()
             }
             changed(&state)
-            return ready
+            return (served, idle)
         }
-        for continuation in ready { continuation.resume() }
+        for continuation in served { continuation.resume(returning: true) }
+        for continuation in idle { continuation.resume() }
     }
 
     /// Returns once nothing is in flight, or when the calling task is cancelled: work that

@@ -29,10 +29,6 @@ extension KafkaConsumerConfiguration {
     public init(pushWorker fleet: FleetConfiguration, client: KafkaClientConfiguration) {
         self.init(client: client, groupID: fleet.kafka.groupID, topics: [fleet.topics.jobs, fleet.topics.retry])
         drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
-        // A retry record waits up to the longest retry delay plus a minute for its not-before
-        // (`PushWorker.notDueFor`), holding a record without progress: a quiet worker doing that
-        // is not stalled.
-        stallWarning = max(stallWarning, .milliseconds(Int64(fleet.retry.maxDelayMilliseconds) + 90_000))
     }
 }
 

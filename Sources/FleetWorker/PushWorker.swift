@@ -106,9 +106,13 @@ public final class PushWorker: Service, Sendable {
 
     /// Partitions are being revoked (or the consumer is closing): retry records of theirs still
     /// waiting for `not-before` are handed back to the retry topic now instead of holding up the
-    /// drain. Pass ``RevocationForwarder/handler`` as the consumer's `onRevoke` to get this.
+    /// drain, and the records of theirs the consume loop has not reached are left to the next
+    /// owner even while the loop waits for slots. Pass ``RevocationForwarder/handler`` as the
+    /// consumer's `onRevoke` to get this.
     public func partitionsRevoked(_ partitions: [TopicPartition]) async {
         retryWaits.handBack(partitions)
+        // The consume loop, if it waits for slots, looks through its batch for records of these.
+        limiter.interrupt()
     }
 
     /// Partitions were lost (the session expired, or a rebalance failed): their new owner redoes
@@ -153,7 +157,9 @@ public final class PushWorker: Service, Sendable {
             let rebalances = consumer.rebalances
             guard let batch = await batches.next() else { break }
             var mayBeStale = false
-            for record in batch {
+            // The rebalance count when the loop last looked through the rest of the batch.
+            var sweptAt = rebalances
+            for (index, record) in batch.enumerated() {
                 // A retry record that is not due yet waits without a slot (its partition
                 // paused meanwhile): it must not hold up work of other partitions.
                 if let wait = notDueFor(record) {
@@ -169,7 +175,22 @@ public final class PushWorker: Service, Sendable {
                 // Decoded before it takes its slots, so that a job counts by its real tokens.
                 let admission = admit(record)
                 let weight = admission.weight
-                await limiter.acquire(weight)
+                // A revocation starting while the loop waits for slots wakes it
+                // (`partitionsRevoked`): the batch's records of the revoking partitions that the
+                // loop has not reached are left to the next owner at once. Otherwise the drain
+                // waits for them while slots free up, by `wakeBatch` at a time, behind work of
+                // partitions that stay.
+                var claimed = true
+                while !(await limiter.acquire(weight, unless: { consumer.rebalances != sweptAt })) {
+                    sweptAt = consumer.rebalances
+                    mayBeStale = true
+                    for later in batch[(index + 1)...] where notDueFor(later) == nil { _ = consumer.claim(later) }
+                    if !consumer.claim(record) {
+                        claimed = false
+                        break
+                    }
+                }
+                guard claimed else { continue }
                 // Again: waiting for slots under back-pressure can take long.
                 if !mayBeStale, consumer.rebalances != rebalances { mayBeStale = true }
                 if mayBeStale, !consumer.claim(record) {
@@ -255,11 +276,14 @@ public final class PushWorker: Service, Sendable {
         guard consumer.isCurrent(record) else { return }
         let partition = record.topicPartition
         pauses.startWaiting(partition)
+        // Held on purpose: a quiet worker waiting only for this is not a stalled pipeline.
+        consumer.park()
         let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds) {
             if consumer.isRevoking(partition) { return .handBack }
             // Lost (or its revocation drain ended) just before the wait began.
             return consumer.isCurrent(record) ? nil : .dropped
         }
+        consumer.unpark()
         pauses.stopWaiting(partition)
         switch wake {
         case .due:

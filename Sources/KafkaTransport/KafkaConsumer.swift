@@ -134,6 +134,13 @@ public final class KafkaConsumer: Service, Sendable {
     /// and reads the same value later need not ask ``claim(_:)`` about that batch's records.
     public var rebalances: UInt64 { core.rebalances.load(ordering: .acquiring) }
 
+    /// A record the caller holds on purpose (a retry record waiting for its `not-before`): the
+    /// stall check does not take it for work in progress. Call ``unpark()`` once for each.
+    public func park() { core.parked.add(1, ordering: .relaxed) }
+
+    /// Ends one ``park()``.
+    public func unpark() { core.parked.subtract(1, ordering: .relaxed) }
+
     /// Records the drain at close gave up unfinished because it ran out of time: the group
     /// redoes them. A stopping worker reports it. (A rebalance's drain that ran out of time
     /// earlier was logged then; its records do not count here, or a clean stop hours later
@@ -396,6 +403,8 @@ final class ConsumerCore: @unchecked Sendable {
         }
     }
     let rebalances = Atomic<UInt64>(0)
+    /// Records held on purpose (see `KafkaConsumer.park()`).
+    let parked = Atomic<Int>(0)
     func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
     func inFlightCount() -> Int {
         locked {
@@ -855,7 +864,7 @@ final class ConsumerCore: @unchecked Sendable {
     ) -> Bool {
         let (busy, count) = locked {
             applyCompletionsLocked()
-            return (bufferedCount > 0 || tracker.totalInFlight > 0, progress)
+            return (bufferedCount > 0 || tracker.totalInFlight > parked.load(ordering: .relaxed), progress)
         }
         if count != last.count || !busy { last = (count, now) }
         let since = last.at

@@ -69,6 +69,26 @@ struct FlowControlTests {
         #expect(limiter.inUse == 0)
     }
 
+    @Test("an interruptible acquire gives up on interrupt (or if already told to), taking nothing; others keep waiting", .timeLimit(.minutes(1)))
+    func interruptibleAcquire() async throws {
+        let limiter = InFlightLimiter(capacity: 4)
+        await limiter.acquire(4)
+        let alreadyInterrupted = await limiter.acquire(1, unless: { true })
+        #expect(!alreadyInterrupted, "gives up at once instead of waiting")
+        let interruptible = Task { await limiter.acquire(1, unless: { false }) }
+        let plain = Task { await limiter.acquire(1) }
+        while limiter.queuedAcquires < 2 { try await Task.sleep(for: .milliseconds(5)) }
+        limiter.interrupt()
+        let took = await interruptible.value
+        #expect(!took)
+        #expect(limiter.queuedAcquires == 1 && limiter.inUse == 4, "the plain acquire still waits; nothing was taken")
+        limiter.release(1)
+        await plain.value
+        #expect(limiter.inUse == 4)
+        limiter.release(4)
+        #expect(await limiter.acquire(2, unless: { true }), "free slots are taken whatever the condition")
+    }
+
     @Test("waiting for an empty limiter ends when the last slot is released, or when cancelled", .timeLimit(.minutes(1)))
     func waitUntilIdle() async throws {
         let limiter = InFlightLimiter(capacity: 10)

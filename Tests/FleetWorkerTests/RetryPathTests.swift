@@ -2,7 +2,7 @@ import APNsClient
 import APNsCore
 import APNsSimulator
 import FleetTestSupport
-import FleetWorker
+@testable import FleetWorker
 import Foundation
 import KafkaTransport
 import Logging
@@ -618,5 +618,57 @@ final class InProcessFleet: Sendable {
         await backends.simulator.stop()
         try? FileManager.default.removeItem(atPath: backends.directory)
         return Outcome(results: results.items, retries: retries.items, deadLetters: deadLetters.items, offsetsAtEnd: offsetsAtEnd)
+    }
+}
+
+extension RetryPathTests {
+    @Test("a revocation while the loop waits for slots leaves the revoked partitions' waiting jobs at once, not once the slots free up")
+    func revocationWakesTheLoopWaitingForSlots() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        // Under the drain timeout (10 s): a drain that waited for the slots would end when the
+        // answer came, not at its timeout.
+        behaviour.latency = .seconds(8)
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10)
+        let simulator = fleet.backends.simulator
+        // A second member subscribed to the jobs topic only: the rebalance moves jobs partitions
+        // to it, while the retry topic, where the slow notification in flight came from, stays.
+        var otherConfiguration = KafkaConsumerConfiguration(client: fleet.backends.client, groupID: "push", topics: [fleet.topics.jobs])
+        otherConfiguration.sessionTimeout = .seconds(6)
+        let other = try KafkaConsumer(configuration: otherConfiguration, logger: fleet.logger)
+        let otherRun = Shared<Task<Void, any Error>?>(nil)
+        defer { other.close() }
+        let holder = fleet.retryRecord(token: InProcessFleet.token(900), notBefore: Int64(Date().timeIntervalSince1970 * 1000) - 1000)
+        // Ten tokens each: a job needs all ten slots, and one is taken, so the loop waits for
+        // slots with the jobs of every jobs partition behind it (below the pause watermark,
+        // so they are all fetched).
+        let jobs = (0..<8).map { index in
+            let tokens = (0..<10).map { "\"\(InProcessFleet.token(index * 10 + $0))\"" }.joined(separator: ",")
+            return KafkaOutgoingMessage(
+                topic: fleet.topics.jobs, partition: Int32(index % 4), key: nil, value: Array(#"{"id":"wide-\#(index)","tokens":[\#(tokens)],"payload":{}}"#.utf8)
+            )
+        }
+        let phase = Shared(0)
+        let revokedWith = Shared<(results: Int, requests: Int)?>(nil)
+        _ = try await fleet.run([holder], timeout: 90) { results, _ in
+            switch phase.value {
+            case 0 where simulator.counters.snapshot().totals.requests == 1:
+                for job in jobs { try await fleet.publish(job) }
+                phase.update { $0 = 1 }
+            case 1 where fleet.worker.limiter.queuedAcquires == 1 && fleet.consumer.assignment.count == 6:
+                otherRun.update { $0 = Task { try await other.run() } }
+                phase.update { $0 = 2 }
+            case 2 where fleet.consumer.assignment.count < 6:
+                revokedWith.update { $0 = (results.count, simulator.counters.snapshot().totals.requests) }
+                phase.update { $0 = 3 }
+            default:
+                break
+            }
+            return phase.value == 3
+        }
+        other.close()
+        try await otherRun.value?.value
+        let revoked = try #require(revokedWith.value, "no partition moved")
+        #expect(revoked.results == 0, "the revocation waited for the notification in flight, which stays, to free its slot")
+        #expect(revoked.requests == 1, "no waiting job was started")
     }
 }

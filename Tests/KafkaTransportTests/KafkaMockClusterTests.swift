@@ -606,3 +606,40 @@ private func lagPartitions(_ registry: PrometheusCollectorRegistry) -> Set<Int32
     let lags = prometheusSamples(text).filter { sample in sample.name == "kafka_consumer_lag" }
     return Set(lags.compactMap { sample in sample.labels["partition"].flatMap { Int32($0) } })
 }
+
+extension KafkaMockClusterTests {
+    @Test("a record held unfinished is reported as a stall; one parked on purpose (a retry waiting for its time) is not")
+    func parkedRecordIsNoStall() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("parked", partitions: 1)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        try await producer.send(KafkaOutgoingMessage(topic: "parked", key: nil, value: "later".bytes))
+        let registry = PrometheusCollectorRegistry()
+        var configuration = consumerConfiguration(cluster, group: "parked-group", topics: ["parked"])
+        configuration.client.metricsFactory = PrometheusMetricsFactory(registry: registry)
+        configuration.stallWarning = .seconds(1)
+        let consumer = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        @Sendable func stalls() -> Double {
+            let text = String(decoding: registry.emitToBuffer(), as: UTF8.self)
+            return prometheusSamples(text).filter { $0.name == "kafka_consumer_stalls_total" || $0.name == "kafka_consumer_stalls" }.reduce(0) { $0 + $1.value }
+        }
+        let held = Shared<[KafkaRecord]>([])
+        try await withTimeout(60, "the parked record") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                group.addTask { for await batch in consumer.batches { held.update { $0 += batch } } }
+                try await waitUntil("the record to be taken") { held.value.count == 1 }
+                consumer.park()
+                // Three stall checks (once a second) past the 1 s warning.
+                try await Task.sleep(for: .seconds(3.5))
+                #expect(stalls() == 0, "a parked record is not a stall")
+                consumer.unpark()
+                try await waitUntil("the held record to be reported as a stall", timeout: 10) { stalls() == 1 }
+                consumer.markFinished(held.value)
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+}
