@@ -35,7 +35,7 @@ out = [
     "deployment lists). So does a setting the file gives as `~` or `null` (it would be read as that",
     "text; leave nothing after the colon, or remove the key, for its default), and in a JSON file `true`",
     "or `false` for a key that is not a boolean, unless a flag or an environment variable sets that key.",
-    "A password file (`*-password-file`) larger than 64 KiB is refused. YAML merge keys (`<<`) are not",
+    "A password file (`kafka.sasl.password-file`, `kafka.ssl.key-password-file`, `app.<name>.certificate-password-file`) larger than 64 KiB is refused; password files are read at start, so a changed password needs a restart. YAML merge keys (`<<`) are not",
     "supported; top-level `x-*` keys (anchor holders) are ignored. An `APNS_FLEET_*` environment variable that",
     "sets no key is only warned about, since orchestrators add variables of their own (Kubernetes' service links).",
     "Secret values (marked below) are never logged or printed in errors. Give them from files (the `*-file` keys)",

@@ -373,6 +373,20 @@ struct ConfigurationLoaderTests {
         let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(environment: both).load() }
         #expect(error?.description == "configuration key 'app.a.certificate-password-file': give app.a.certificate-password or app.a.certificate-password-file, not both")
         #expect(error?.description.contains("inline-secret") == false)
+
+        var kafkaBoth = environment
+        kafkaBoth["APNS_FLEET_KAFKA_SSL_KEY_PASSWORD"] = "inline-secret"
+        let kafkaError = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(environment: kafkaBoth).load() }
+        #expect(kafkaError?.key == "kafka.ssl.key-password-file")
+
+        // Under token auth a certificate password file would be ignored: refused, like the password.
+        let tokenApp = await #expect(throws: ConfigurationError.self) {
+            try await ConfigurationLoader(environment: [
+                "APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG",
+                "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_CERTIFICATE_PASSWORD_FILE": certificatePassword,
+            ]).load()
+        }
+        #expect(tokenApp?.key == "app.a.certificate-password-file", "\(String(describing: tokenApp))")
     }
 
     @Test("a world-readable SASL password file is warned about")
