@@ -301,6 +301,7 @@ let package = Package(
             name: "APNsLegacyClientTests",
             dependencies: [
                 "APNsLegacyClient",
+                "FleetTestSupport",
                 "APNsClient",
                 "APNsSimulator",
                 "APNsCore",

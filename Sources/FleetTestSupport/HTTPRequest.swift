@@ -1,4 +1,6 @@
 import FleetLoad
+import Foundation
+import Synchronization
 
 /// A blocking TCP socket connected to 127.0.0.1:`port`, whose reads give up after the timeout.
 /// The caller closes it.
@@ -22,4 +24,37 @@ public func httpRequest(method: String, port: Int, path: String) throws -> (stat
 /// `httpRequest(method: "GET", …)`.
 public func httpGet(port: Int, path: String) throws -> (status: Int, body: String) {
     try httpRequest(method: "GET", port: port, path: path)
+}
+
+/// A 127.0.0.1 port that refuses connections until released (or this is gone): bound, never
+/// listening. A stopped server's port is no such thing: in a test run, another suite's server
+/// can be given it.
+public final class RefusingPort: Sendable {
+    public let port: Int
+    private let descriptor: Mutex<Int32?>
+
+    public init() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw TestSetupError("socket failed") }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+        }
+        guard bound else {
+            close(fd)
+            throw TestSetupError("cannot bind a port on 127.0.0.1")
+        }
+        descriptor = Mutex(fd)
+        port = Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// Frees the port, for a server the test starts on it next.
+    public func release() {
+        if let fd = descriptor.withLock({ $0.take() }) { close(fd) }
+    }
+
+    deinit { release() }
 }

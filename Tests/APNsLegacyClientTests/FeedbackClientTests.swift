@@ -1,6 +1,7 @@
 import APNsCore
 import APNsLegacyClient
 import APNsSimulator
+import FleetTestSupport
 import NIOCore
 import Testing
 
@@ -165,7 +166,6 @@ struct FeedbackClientTests {
         defer { credentials.remove() }
         let services = try await startLegacyServices(credentials)
         let tlsPort = try #require(services.port(.feedbackTLS))
-        let plainPort = try #require(services.port(.feedbackPlain))
 
         // Without a client certificate the TLS service refuses the handshake.
         let anonymous = LegacyFeedbackClient(endpoint: credentials.endpoint(port: tlsPort, tls: true), certificate: nil, logger: Fixture.logger)
@@ -188,9 +188,11 @@ struct FeedbackClientTests {
         try LegacyFeedbackClient(endpoint: credentials.endpoint(port: tlsPort, tls: true), certificate: credentials.certificate, logger: Fixture.logger).checkCredentials()
 
         await services.stop()
-        let gone = LegacyFeedbackClient(endpoint: credentials.endpoint(port: plainPort, tls: false), certificate: nil, logger: Fixture.logger)
+        // Not the stopped service's port: another suite's server can be given it meanwhile.
+        let refusing = try RefusingPort()
+        let gone = LegacyFeedbackClient(endpoint: credentials.endpoint(port: refusing.port, tls: false), certificate: nil, logger: Fixture.logger)
         let notListening = await #expect(throws: LegacyClientError.self) { try await gone.fetch(timeout: .seconds(5)) }
         #expect(notListening?.code == .connect)
-        #expect(notListening?.message.contains("127.0.0.1:\(plainPort)") == true)
+        #expect(notListening?.message.contains("127.0.0.1:\(refusing.port)") == true)
     }
 }

@@ -2,6 +2,7 @@ import APNsClient
 import APNsCore
 import APNsLegacyClient
 import APNsSimulator
+import FleetTestSupport
 import Synchronization
 import Testing
 
@@ -24,11 +25,12 @@ struct GatewayClientTests {
         let count = 50
         let badIndex = 25
         let invalid: Set<String> = [Fixture.hex(Fixture.token(badIndex))]
-        // Take a free port, then close it: the client queues all 50 while it cannot connect,
-        // so they go out in one batch on the first connection, in order (identifier = index + 1).
-        let probe = try await startLegacyServices(credentials)
-        let port = try #require(probe.port(tls ? .gatewayTLS : .gatewayPlain))
-        await probe.stop()
+        // A port that refuses connections until the services start on it: the client queues all
+        // 50 while it cannot connect, so they go out in one batch on the first connection, in
+        // order (identifier = index + 1). Held, not merely closed, so no other suite's server
+        // is given it meanwhile.
+        let reserved = try RefusingPort()
+        let port = reserved.port
 
         try await withGatewayClient(configuration(credentials, port: port, tls: tls)) { client in
             let verdicts = try await withThrowingTaskGroup(of: (Int, LegacyGatewayVerdict).self) { group in
@@ -36,6 +38,7 @@ struct GatewayClientTests {
                     group.addTask { (index, await client.send(token: Fixture.token(index), payload: Fixture.payload(index))) }
                     try await waitUntil("notification \(index) queued") { client.statistics.pending == index + 1 }
                 }
+                reserved.release()
                 let services = try await startLegacyServices(credentials) { configuration in
                     configuration.gatewayTLSPort = tls ? port : nil
                     configuration.gatewayPlainPort = tls ? nil : port
