@@ -65,6 +65,7 @@ public final class KafkaConsumer: Service, Sendable {
         ) { conf in
             rd_kafka_conf_set_rebalance_cb(conf) { rk, error, list, _ in
                 guard let rk, let list, let context = ClientContext.from(rk) else { return }
+                context.groupSynced.store(true, ordering: .releasing)
                 context.rebalance?(rk, error, list)
             }
         }

@@ -21,6 +21,11 @@ final class ClientContext: Sendable {
     let fatalError = Mutex<KafkaError?>(nil)
     /// Whether `fatalError` is set: read for every message sent, so a plain atomic.
     let isFatal = Atomic<Bool>(false)
+    /// A consumer's: a rebalance callback has run, so its group has completed a SyncGroup (see
+    /// `RDKafkaHandle.deinit`).
+    let groupSynced = Atomic<Bool>(false)
+    /// Set when the handle is left undestroyed: its threads may still log, and nobody reads it.
+    let silenced = Atomic<Bool>(false)
 
     init(
         logger: Logger,
@@ -43,6 +48,7 @@ final class ClientContext: Sendable {
     }
 
     func log(level: Int32, facility: String, message: String) {
+        guard !silenced.load(ordering: .relaxed) else { return }
         // librdkafka uses syslog levels.
         let swiftLevel: Logger.Level
         switch level {
@@ -200,6 +206,16 @@ final class RDKafkaHandle: @unchecked Sendable {
             cached.removeAll()
         }
         if isConsumer {
+            // librdkafka 2.0.2 aborts the process destroying a cooperative-sticky consumer that
+            // has had a JoinGroup answered but no SyncGroup yet (its assignor state is still
+            // NULL; fixed in 2.3.0, librdkafka#4312). A consumer that never saw a rebalance
+            // callback may be in that state, for example stopped during its first join: it is
+            // left undestroyed, and silent, rather than take the process down. Only consumers
+            // closed that early are, once each.
+            guard context.groupSynced.load(ordering: .acquiring) else {
+                context.silenced.store(true, ordering: .relaxed)
+                return
+            }
             // The consumer is closed explicitly on its polling thread (which serves the final
             // rebalance); closing again here would run callbacks nobody polls.
             rd_kafka_destroy_flags(pointer, Int32(RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE))

@@ -695,27 +695,27 @@ struct PoolsPerAppTests {
 
 @Suite("Dead connections", .timeLimit(.minutes(1)))
 struct DeadConnectionTests {
-    @Test("A silent connection is found dead by PING, its request answered, and it is replaced")
-    func silentPath() async throws {
+    /// Runs `body` with a pool whose connection goes through a proxy that can black-hole it,
+    /// once a first request was answered; then replaces the connection (the proxy thawed) and
+    /// checks that a request is answered again.
+    private func withBlackholedPool(
+        simulator configureSimulator: (inout APNsSimulatorConfiguration) -> Void = { _ in },
+        client configureClient: (inout APNsClientConfiguration) -> Void,
+        _ body: (APNsClientPool, BlackholeProxy) async throws -> Void
+    ) async throws {
         let credentials = try ClientTestCredentials.make()
         defer { credentials.remove() }
-        let simulator = try await startSimulator(credentials) { $0.behaviour.latency = .milliseconds(50) }
+        let simulator = try await startSimulator(credentials, configureSimulator)
         let proxy = try await BlackholeProxy.start(upstreamPort: try #require(simulator.port(.http2TLS)))
         var configuration = try credentials.configuration(port: proxy.port)
-        configuration.pingInterval = .milliseconds(200)
-        configuration.pingTimeout = .milliseconds(300)
-        configuration.connectTimeout = .seconds(1)
+        configureClient(&configuration)
         let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await pool.run() }
-            // The short connect timeout this test needs can fail the first handshake on a busy
-            // machine (the tests run in parallel); the pool then fails waiting requests.
+            // A short connect timeout can fail the first handshake on a busy machine (the tests
+            // run in parallel); the pool then fails waiting requests.
             #expect(try await Self.answered(by: pool, within: .seconds(20)), "the first connection")
-            proxy.freeze()
-            let start = ContinuousClock.now
-            let stuck = await pool.send(Fixture.notification(), timeout: .seconds(20))
-            #expect(stuck.notAnswered?.kind == .connectionFailed, "\(stuck)")
-            #expect(ContinuousClock.now - start < .seconds(5), "found dead by PING, not by the 20 s deadline")
+            try await body(pool, proxy)
             proxy.freeze(false)
             #expect(try await Self.answered(by: pool, within: .seconds(20)), "a replacement connection")
             pool.shutdown()
@@ -725,20 +725,28 @@ struct DeadConnectionTests {
         await simulator.stop(gracePeriod: .milliseconds(50))
     }
 
+    @Test("A silent connection is found dead by PING, its request answered, and it is replaced")
+    func silentPath() async throws {
+        try await withBlackholedPool(simulator: { $0.behaviour.latency = .milliseconds(50) }, client: {
+            $0.pingInterval = .milliseconds(200)
+            $0.pingTimeout = .milliseconds(300)
+            $0.connectTimeout = .seconds(1)
+        }) { pool, proxy in
+            proxy.freeze()
+            let start = ContinuousClock.now
+            let stuck = await pool.send(Fixture.notification(), timeout: .seconds(20))
+            #expect(stuck.notAnswered?.kind == .connectionFailed, "\(stuck)")
+            #expect(ContinuousClock.now - start < .seconds(5), "found dead by PING, not by the 20 s deadline")
+        }
+    }
+
     @Test("A request that times out on a connection gone silent brings its PING forward: the next request is not sent into the void for the whole PING interval")
     func timeoutBringsPingForward() async throws {
-        let credentials = try ClientTestCredentials.make()
-        defer { credentials.remove() }
-        let simulator = try await startSimulator(credentials)
-        let proxy = try await BlackholeProxy.start(upstreamPort: try #require(simulator.port(.http2TLS)))
-        var configuration = try credentials.configuration(port: proxy.port)
-        // The default interval: without the timed-out request nothing would PING for 30 s.
-        configuration.pingInterval = .seconds(30)
-        configuration.pingTimeout = .seconds(1)
-        let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await pool.run() }
-            #expect(try await Self.answered(by: pool, within: .seconds(20)), "the first connection")
+        try await withBlackholedPool(client: {
+            // The default interval: without the timed-out request nothing would PING for 30 s.
+            $0.pingInterval = .seconds(30)
+            $0.pingTimeout = .seconds(1)
+        }) { pool, proxy in
             proxy.freeze()
             // Let the connection's last read age past the quiet second the early PING waits for.
             try await Task.sleep(for: .milliseconds(1200))
@@ -748,13 +756,7 @@ struct DeadConnectionTests {
             let next = await pool.send(Fixture.notification(), timeout: .seconds(25))
             #expect(next.notAnswered?.kind == .connectionFailed, "\(next)")
             #expect(ContinuousClock.now - start < .seconds(10), "found dead by the early PING, not by the 25 s deadline")
-            proxy.freeze(false)
-            #expect(try await Self.answered(by: pool, within: .seconds(20)), "a replacement connection")
-            pool.shutdown()
-            try await group.waitForAll()
         }
-        await proxy.stop()
-        await simulator.stop(gracePeriod: .milliseconds(50))
     }
 
     @Test("A slot that cannot connect does not fail every request while another slot replaces its connection after a GOAWAY")

@@ -660,10 +660,14 @@ extension RetryPathTests {
             case 2 where fleet.consumer.assignment.count < 6:
                 revokedWith.update { $0 = (results.count, simulator.counters.snapshot().totals.requests) }
                 phase.update { $0 = 3 }
+            case 3 where !other.assignment.isEmpty:
+                // Closed only once its group has synced: librdkafka 2.0.2 aborts destroying a
+                // consumer between its first JoinGroup and SyncGroup answers.
+                phase.update { $0 = 4 }
             default:
                 break
             }
-            return phase.value == 3
+            return phase.value == 4
         }
         other.close()
         try await otherRun.value?.value
