@@ -52,8 +52,9 @@ public struct APNsClientError: Error, Sendable, Hashable, CustomStringConvertibl
 
 /// The time sources for provider tokens: `now` (unix seconds) for their `iat`, and `elapsed`
 /// (seconds on a clock that is never stepped, and counts a suspend) for their age, so that a
-/// wall clock stepped by NTP neither replaces a token early (APNs answers TooManyProviderTokenUpdates) nor keeps one past
-/// its hour. Injectable so that tests can age tokens without waiting.
+/// wall clock stepped by NTP neither replaces a token early (APNs answers
+/// TooManyProviderTokenUpdates) nor keeps one past its hour. Injectable so that tests can age
+/// tokens without waiting.
 public struct APNsClock: Sendable {
     public let now: @Sendable () -> Int64
     public let elapsed: @Sendable () -> Int64

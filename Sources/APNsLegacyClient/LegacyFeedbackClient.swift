@@ -51,6 +51,9 @@ public struct LegacyFeedbackClient: Sendable {
         return tuples
     }
 
+    /// Past the deadline, a service that sent something this recently is still sending.
+    static let stillSending = TimeAmount.seconds(1)
+
     /// Connects, reads tuples until the server closes the connection, and hands them to
     /// `deliver` in order, at most `chunkSize` at a time. Reading pauses once a chunk is full
     /// and resumes when `deliver` has taken everything read, so memory stays bounded by about a
@@ -68,9 +71,6 @@ public struct LegacyFeedbackClient: Sendable {
     /// as if it had closed: Apple's closed at once, but a server that holds the connection open
     /// afterwards (the reference test server, for a minute) would otherwise end every poll at
     /// the deadline, as a failure.
-    /// Past the deadline, a service that sent something this recently is still sending.
-    static let stillSending = TimeAmount.seconds(1)
-
     public func fetch(timeout: Duration, quietEnd: Duration = .seconds(5), chunkSize: Int = 10_000, deliver: ([FeedbackTuple]) async -> Void) async throws {
         let sslContext = try LegacyTLS.context(endpoint: endpoint, certificate: certificate)
         let eventLoop = eventLoopGroup.next()

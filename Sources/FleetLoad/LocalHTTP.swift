@@ -7,10 +7,7 @@ public func connectLocalTCP(port: Int, receiveTimeoutSeconds: Int) throws(LocalH
     guard fd >= 0 else { throw LocalHTTPError("socket failed") }
     var timeout = timeval(tv_sec: receiveTimeoutSeconds, tv_usec: 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_port = in_port_t(UInt16(port).bigEndian)
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var address = localAddress(port: port)
     let connected = withUnsafePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
@@ -19,6 +16,31 @@ public func connectLocalTCP(port: Int, receiveTimeoutSeconds: Int) throws(LocalH
         throw LocalHTTPError("cannot connect to 127.0.0.1:\(port)")
     }
     return fd
+}
+
+/// A TCP socket bound to a free port on 127.0.0.1 and not listening, so that connections to the
+/// port are refused while it stays open. The caller closes it.
+public func bindLocalTCP() throws(LocalHTTPError) -> (descriptor: Int32, port: Int) {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw LocalHTTPError("socket failed") }
+    var address = localAddress(port: 0)
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+    }
+    guard bound else {
+        close(fd)
+        throw LocalHTTPError("cannot bind a port on 127.0.0.1")
+    }
+    return (fd, Int(UInt16(bigEndian: address.sin_port)))
+}
+
+private func localAddress(port: Int) -> sockaddr_in {
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = in_port_t(UInt16(port).bigEndian)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    return address
 }
 
 /// One HTTP/1.1 request without a body to 127.0.0.1, with plain sockets (short and local, so

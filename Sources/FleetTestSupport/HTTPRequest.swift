@@ -34,21 +34,13 @@ public final class RefusingPort: Sendable {
     private let descriptor: Mutex<Int32?>
 
     public init() throws {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw TestSetupError("socket failed") }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+        do {
+            let (fd, port) = try bindLocalTCP()
+            descriptor = Mutex(fd)
+            self.port = port
+        } catch {
+            throw TestSetupError(error.description)
         }
-        guard bound else {
-            close(fd)
-            throw TestSetupError("cannot bind a port on 127.0.0.1")
-        }
-        descriptor = Mutex(fd)
-        port = Int(UInt16(bigEndian: address.sin_port))
     }
 
     /// Frees the port, for a server the test starts on it next.

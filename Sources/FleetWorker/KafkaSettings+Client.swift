@@ -24,14 +24,6 @@ extension KafkaClientConfiguration {
     }
 }
 
-extension KafkaConsumerConfiguration {
-    /// The push worker's consumer: both job topics, the fleet's group and drain timeout.
-    public init(pushWorker fleet: FleetConfiguration, client: KafkaClientConfiguration) {
-        self.init(client: client, groupID: fleet.kafka.groupID, topics: [fleet.topics.jobs, fleet.topics.retry])
-        drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
-    }
-}
-
 extension String {
     fileprivate func trimmingCharacters() -> String {
         var slice = Substring(self)

@@ -43,7 +43,8 @@ struct WorkerCommand: AsyncParsableCommand {
         let requestTimeout = Duration.milliseconds(Int64(fleet.worker.requestTimeoutSeconds * 1000))
         let legacy = try LegacyBinarySender(apps: fleet.apps, requestTimeout: requestTimeout, logger: logger)
         let kafka = KafkaClientConfiguration(settings: fleet.kafka, clientID: workerID)
-        let consumerConfiguration = KafkaConsumerConfiguration(pushWorker: fleet, client: kafka)
+        var consumerConfiguration = KafkaConsumerConfiguration(client: kafka, groupID: fleet.kafka.groupID, topics: [fleet.topics.jobs, fleet.topics.retry])
+        consumerConfiguration.drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
         // Revocations reach the worker, built below: retry records waiting for their not-before
         // are handed back instead of holding up the drain (and dropped when partitions are lost).
         let revocations = RevocationForwarder()
