@@ -58,12 +58,17 @@ public final class Shared<Value: Sendable>: Sendable {
 
 /// A child process whose stdout is collected line by line on a reader thread.
 ///
+/// Its stderr goes through a pipe of its own, copied to the test's stderr, rather than being
+/// inherited: a child left running after the test process crashed would otherwise hold the test
+/// runner's stderr open, and `swift test` would wait on it forever instead of failing.
+///
 /// `@unchecked Sendable`: `Process` and `FileHandle` are used only through calls that are safe
 /// from any thread (run, terminate, write, close); the output lines live in a `Shared`.
 public final class ChildProcess: @unchecked Sendable {
     public let process = Process()
     private let input = Pipe()
     private let output = Pipe()
+    private let errors = Pipe()
     public let lines = Shared<[String]>([])
     private let status = Shared<Int32?>(nil)
     /// Set once the output pipe reached its end and every line is in `lines`.
@@ -74,6 +79,7 @@ public final class ChildProcess: @unchecked Sendable {
         process.arguments = arguments
         process.standardInput = input
         process.standardOutput = output
+        process.standardError = errors
         if let environment { process.environment = environment }
     }
 
@@ -104,6 +110,13 @@ public final class ChildProcess: @unchecked Sendable {
             outputEnded.update { $0 = true }
         }
         thread.start()
+        let errorReader = errors.fileHandleForReading
+        let copier = Thread {
+            while case let chunk = errorReader.availableData, !chunk.isEmpty {
+                FileHandle.standardError.write(chunk)
+            }
+        }
+        copier.start()
     }
 
     public func write(_ text: String) {
