@@ -373,6 +373,7 @@ public final class LegacyGatewayClient: Service, Sendable {
     /// One connection slot: connect, serve until closed, back off, reconnect.
     private func runSlot(_ slot: Int) async {
         var backoff = ReconnectBackoff(base: configuration.reconnectBackoff.base, maximum: configuration.reconnectBackoff.maximum)
+        var errorReconnects = ReconnectPacer(configuration.errorReconnects)
         while keepsConnecting {
             let id = state.withLock { state -> UInt64 in
                 state.nextConnectionID += 1
@@ -384,14 +385,20 @@ public final class LegacyGatewayClient: Service, Sendable {
             switch outcome {
             case .errorResponse(let trouble, let lived):
                 // The gateway closes after every error-response: for a bad notification (a bad
-                // token, say) that is the protocol, so reconnect at once. Errors that blame the
-                // gateway, one quickly after another, back off: Apple treats rapid
+                // token, say) that is the protocol, so reconnect at once, within a pace. Errors
+                // that blame the gateway, one quickly after another, back off: Apple treats rapid
                 // connect-and-close as an attack.
                 if trouble, lived < .seconds(1) {
                     delay = backoff.nextDelay(jitter: Double.random(in: 0...1))
                 } else {
                     backoff.reset()
-                    delay = .zero
+                    delay = errorReconnects.delay(now: .now)
+                    if delay > .zero {
+                        metrics.event("reconnect_paced")
+                        logger.debug("legacy gateway error-responses come fast; pacing reconnects", metadata: [
+                            "legacy.slot": "\(slot)", "legacy.delay": "\(delay)",
+                        ])
+                    }
                 }
             case .closed(let lived):
                 if lived >= .seconds(1) { backoff.reset() }

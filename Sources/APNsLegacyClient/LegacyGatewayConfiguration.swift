@@ -41,6 +41,12 @@ public struct LegacyGatewayConfiguration: Sendable {
     public var connectTimeout: Duration = .seconds(10)
     /// Default: 100 ms up to 30 s, with jitter.
     public var reconnectBackoff = APNsClientConfiguration.Backoff()
+    /// The pace of reconnects after error-responses that blame a notification (an invalid token,
+    /// say), per connection slot: the protocol closes the connection after each, and a stale
+    /// token list, or a certificate for the other environment that makes every token invalid,
+    /// would otherwise reconnect once per notification, which Apple treats as an attack.
+    /// Default: 10 at once, then one per 200 ms (5 a second).
+    public var errorReconnects = ReconnectPacer.Rate(burst: 10, interval: .milliseconds(200))
     /// On shutdown, how long written notifications may wait for their quiet period. Default: 5 s.
     public var drainTimeout: Duration = .seconds(5)
 

@@ -9,7 +9,7 @@ import Synchronization
 ///   `status`: the error-response status, empty otherwise).
 /// - `apns.legacy.resends` (counter): notifications written again on a new connection.
 /// - `apns.legacy.connections` (counter; `event`: ready, error_response, protocol_error,
-///   connection_error, connect_failed).
+///   connection_error, connect_failed, reconnect_paced).
 final class LegacyMetrics: Sendable {
     let app: String
     let resends: Counter

@@ -68,6 +68,36 @@ struct GatewayClientTests {
         }
     }
 
+    @Test("every token invalid (a stale list, or a certificate for the other environment): reconnects after error-responses are paced, not one per notification at once")
+    func errorResponsesPaceReconnects() async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        let count = 12
+        let services = try await startLegacyServices(credentials) { configuration in
+            configuration.invalidTokens = Set((0..<count).map { Fixture.hex(Fixture.token($0)) })
+        }
+        defer { services.shutdown() }
+        var settings = configuration(credentials, port: try #require(services.port(.gatewayPlain)), tls: false)
+        let interval = Duration.milliseconds(250)
+        settings.errorReconnects = .init(burst: 2, interval: interval)
+        try await withGatewayClient(settings) { client in
+            #expect(await client.waitUntilConnected())
+            let started = ContinuousClock.now
+            let verdicts = await withTaskGroup(of: LegacyGatewayVerdict.self) { group in
+                for index in 0..<count {
+                    group.addTask { await client.send(token: Fixture.token(index), payload: Fixture.payload(index)) }
+                }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            let elapsed = ContinuousClock.now - started
+            #expect(verdicts == Array(repeating: .rejected(.invalidToken), count: count), "each rejected once")
+            // Each connection ends with one error-response, so the 12 verdicts take 11 reconnects:
+            // two at once, then one per interval, so the last cannot come before 9 intervals.
+            #expect(elapsed >= interval * 9 - .milliseconds(50), "11 reconnects in \(elapsed)")
+        }
+        #expect(services.counts.errorResponses == ["8": count])
+    }
+
     @Test("a connection that closes without an error-response: what had not passed its quiet period is written again (at-least-once)")
     func closeWithoutErrorResponse() async throws {
         let credentials = try LegacyTestCredentials.make()

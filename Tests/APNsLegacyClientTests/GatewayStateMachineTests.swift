@@ -260,4 +260,17 @@ struct GatewayStateMachineTests {
         let decision = policy.after(attempt: 1, result: LegacyGatewayVerdict.rejected(.invalidToken).attemptResult, now: UnixMillis(0), deadline: nil, expiration: nil, jitter: 0)
         #expect(decision == .finish(.rejected, status: 400, reason: "BadDeviceToken"))
     }
+
+    @Test("reconnect pacing: a burst at once, then one per interval; a quiet spell earns back the burst, no more")
+    func reconnectPacing() {
+        var pacer = ReconnectPacer(.init(burst: 3, interval: .milliseconds(100)))
+        let start = ContinuousClock.now
+        // Asked for all at once: three free, then each a further interval out.
+        #expect((0..<5).map { _ in pacer.delay(now: start) } == [.zero, .zero, .zero, .milliseconds(100), .milliseconds(200)])
+        // Asked for when the last paced one was due: the steady pace.
+        #expect(pacer.delay(now: start + .milliseconds(200)) == .milliseconds(100))
+        // After a long quiet spell the whole burst is back, and no more than it.
+        let later = start + .seconds(60)
+        #expect((0..<4).map { _ in pacer.delay(now: later) } == [.zero, .zero, .zero, .milliseconds(100)])
+    }
 }
