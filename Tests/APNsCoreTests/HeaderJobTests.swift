@@ -124,6 +124,10 @@ struct ResolutionTests {
         let app = JobDefaults(topic: "com.example.app")
         #expect(try job(#""push_type":"voip","#).resolved(defaults: app).topic == "com.example.app.voip")
         #expect(try job(#""push_type":"liveactivity","#).resolved(defaults: app).topic == "com.example.app.push-type.liveactivity")
+        // WidgetKit pushes go to their own topics too; sent to the bare bundle id, APNs refuses them.
+        #expect(try job(#""push_type":"widgets","#).resolved(defaults: app).topic == "com.example.app.push-type.widgets")
+        #expect(try job(#""push_type":"controls","#).resolved(defaults: app).topic == "com.example.app.push-type.controls")
+        #expect(throws: JobRejection.self) { try job(#""topic":"com.example.app","push_type":"widgets","#).resolved(defaults: app) }
         #expect(try job(#""push_type":"alert","#).resolved(defaults: app).topic == "com.example.app")
         // An app whose default push type is VoIP, configured with the suffixed topic already.
         #expect(try job("").resolved(defaults: JobDefaults(topic: "com.example.app.voip", pushType: .voip)).topic == "com.example.app.voip")

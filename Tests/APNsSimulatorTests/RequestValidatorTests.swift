@@ -75,6 +75,10 @@ struct RequestValidatorTests {
         #expect(reason(head { $0.pushType = "voip" }) == APNsRejection(.badTopic))
         #expect(reason(head(topic: "com.example.app.voip") { $0.pushType = "voip" }) == nil)
         #expect(reason(head(topic: "com.other.voip") { $0.pushType = "voip" }) == APNsRejection(.topicDisallowed))
+        #expect(reason(head { $0.pushType = "widgets" }) == APNsRejection(.badTopic))
+        #expect(reason(head(topic: "com.example.app.push-type.widgets") { $0.pushType = "widgets" }) == nil)
+        #expect(reason(head { $0.pushType = "controls" }) == APNsRejection(.badTopic))
+        #expect(reason(head(topic: "com.example.app.push-type.controls") { $0.pushType = "controls" }) == nil)
         #expect(reason(head { $0.pushType = "background" }) == APNsRejection(.badPriority))
         #expect(reason(head { $0.pushType = "background"; $0.priority = "5" }) == nil)
     }

@@ -19,7 +19,9 @@ public enum PushType: String, Sendable, CaseIterable, Hashable {
         case .liveactivity: ".push-type.liveactivity"
         case .location: ".location-query"
         case .pushtotalk: ".voip-ptt"
-        case .alert, .background, .mdm, .widgets, .controls: nil
+        case .widgets: ".push-type.widgets"
+        case .controls: ".push-type.controls"
+        case .alert, .background, .mdm: nil
         }
     }
 }
