@@ -65,7 +65,7 @@ struct ContractCodecTests {
 
     @Test("a 410 result becomes a token event keyed topic/token with APNs's timestamp")
     func tokenEventFromResult() throws {
-        let event = try #require(TokenEvent(result: sampleResult(), observedAt: UnixMillis(5)))
+        let event = try #require(TokenEvent(result: sampleResult(), observedAt: sampleResult().sentAt))
         #expect(event.key == "com.example.app/\(tokenA)")
         #expect(event.invalidatedAt == 1_767_225_600_123)
         #expect(event.source == .http2)
@@ -90,6 +90,23 @@ struct ContractCodecTests {
         invalid.status = nil
         invalid.reason = "BadDeviceToken"
         #expect(TokenEvent(result: invalid, observedAt: UnixMillis(77)) == nil)
+    }
+
+    @Test("a 410 timestamp that cannot be APNs's (before 1970, or after the answer) gives way to the answer's time; a result from before 1970 makes no event")
+    func implausibleUnregisteredTimes() {
+        var result = sampleResult()
+        let answered = result.sentAt
+        for bogus in [Int64.min, -1, answered.value + 86_400_001, .max] {
+            result.unregisteredAt = bogus
+            #expect(TokenEvent(result: result, observedAt: answered)?.invalidatedAt == answered.value, "unregistered_at \(bogus)")
+        }
+        // A day of clock skew between APNs and the worker is APNs's time still.
+        result.unregisteredAt = answered.value + 86_400_000
+        #expect(TokenEvent(result: result, observedAt: answered)?.invalidatedAt == answered.value + 86_400_000)
+        result.unregisteredAt = 0
+        #expect(TokenEvent(result: result, observedAt: answered)?.invalidatedAt == 0)
+        #expect(TokenEvent(result: result, observedAt: UnixMillis(-1)) == nil)
+        #expect(TokenEvent(result: result, observedAt: UnixMillis(.max))?.invalidatedAt == 0, "no overflow adding the skew")
     }
 
     @Test("a result whose token is not a device token, or whose topic is empty, makes no token event")

@@ -98,6 +98,22 @@ struct InvalidationLedgerTests {
         #expect(first && again)
     }
 
+    @Test("events at the ends of the time range are compared without overflow: one bad result must not trap the feedback worker on every restart")
+    func extremeTimes() {
+        var ledger = InvalidationLedger(capacity: 100)
+        let first = ledger.admit(Self.event(at: .max))
+        let older = ledger.admit(Self.event(at: .min))
+        let olderOther = ledger.admit(Self.event("BadDeviceToken", at: .min))
+        #expect(first)
+        #expect(!older, "far older: a repeat")
+        #expect(!olderOther, "another reason, far older: no news")
+        var other = InvalidationLedger(capacity: 100)
+        let bad = other.admit(Self.event("BadDeviceToken", at: .min))
+        let later = other.admit(Self.event("BadDeviceToken", at: .max))
+        #expect(bad)
+        #expect(later, "far later: news")
+    }
+
     @Test("a feedback tuple becomes an Unregistered event at the tuple's time")
     func feedbackTuple() throws {
         let tuple = FeedbackTuple(timestamp: 1_767_225_600, token: Array(repeating: 0xAB, count: 32))

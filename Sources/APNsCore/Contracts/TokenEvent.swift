@@ -30,6 +30,9 @@ public struct TokenEvent: Sendable, Hashable {
     /// The record key, `<apns-topic>/<token>`, so compaction keeps the latest event per token and topic.
     public var key: String { "\(topic)/\(token)" }
 
+    /// How far after the answer's time a 410 timestamp may lie and still be taken as APNs's.
+    static let clockSkewMilliseconds: Int64 = 86_400_000
+
     /// Reasons whose result makes the token dead.
     public static let invalidatingReasons: Set<String> = [
         APNsReason.unregistered.rawValue,
@@ -46,18 +49,24 @@ public struct TokenEvent: Sendable, Hashable {
 
     /// The event a result implies, if any: only APNs's own answers count (an `invalid` job
     /// never reached APNs, so its reason says nothing about the token). A result whose token is
-    /// not a device token or whose topic is empty (another producer's, say) implies none: its
-    /// event would break the topic's key and schema.
+    /// not a device token, whose topic is empty, or whose time is before 1970 (another
+    /// producer's, say) implies none: its event would break the topic's key and schema.
     public init?(result: NotificationResult, observedAt: UnixMillis) {
         guard Self.invalidates(result), let reason = result.reason, let topic = result.topic, !topic.isEmpty,
-            let token = try? DeviceToken(hex: result.token)
+            let token = try? DeviceToken(hex: result.token), observedAt.value >= 0
         else { return nil }
+        // APNs's 410 timestamp says when the token stopped being valid, so it is never after the
+        // answer (a day of clock skew allowed). One outside that is not APNs's: the answer's time
+        // stands instead, rather than an event dated before 1970 or far in the future, which
+        // readers would keep over every later registration.
+        let latest = observedAt.value.addingReportingOverflow(Self.clockSkewMilliseconds)
+        let plausible = result.unregisteredAt.map { $0 >= 0 && (latest.overflow || $0 <= latest.partialValue) } ?? false
         self.init(
             token: token.hex,
             topic: topic,
             app: result.app,
             reason: reason,
-            invalidatedAt: result.unregisteredAt ?? observedAt.value,
+            invalidatedAt: plausible ? result.unregisteredAt ?? observedAt.value : observedAt.value,
             source: .http2,
             jobID: result.jobID
         )

@@ -44,7 +44,9 @@ public struct InvalidationLedger: Sendable {
     public mutating func admit(_ event: TokenEvent) -> Bool {
         let key = Self.hash(event.key)
         if let known = entries[key] {
-            let laterBy = event.invalidatedAt - known.invalidatedAt
+            // Saturating: the ledger takes any event, and times far apart must not trap.
+            let difference = event.invalidatedAt.subtractingReportingOverflow(known.invalidatedAt)
+            let laterBy = difference.overflow ? (event.invalidatedAt > known.invalidatedAt ? .max : .min) : difference.partialValue
             // The two send-time reasons bound a key together: a producer whose answers alternate
             // between them must not get an event per answer.
             let sameKind = known.reason == event.reason
