@@ -15,7 +15,10 @@ import Synchronization
 ///
 /// At-least-once, like the push worker: a batch of results is marked finished only after its
 /// events are acknowledged by Kafka. Duplicate results do not repeat an event: an
-/// ``InvalidationLedger`` remembers what was published.
+/// ``InvalidationLedger`` remembers what was published. A batch of results and a chunk of
+/// feedback tuples take turns to admit their events to the ledger and publish them, so that an
+/// event taken for a repeat of another has always been acknowledged (or forgotten) first, and
+/// events reach the compacted topic in the order the ledger judged them.
 public final class FeedbackWorker: Service, Sendable {
     public struct Configuration: Sendable {
         public var topics: TopicNames
@@ -57,6 +60,7 @@ public final class FeedbackWorker: Service, Sendable {
     private let services: [FeedbackService]
     private let logger: Logger
     private let ledger: Mutex<InvalidationLedger>
+    private let publishing = TakingTurns()
     private let stopping = Atomic<Bool>(false)
     private let lastPolls = Mutex<[String: Bool]>([:])
 
@@ -106,8 +110,7 @@ public final class FeedbackWorker: Service, Sendable {
     private static let rejectedMarker = Array(#""rejected""#.utf8)
 
     func handle(_ batch: [KafkaRecord]) async {
-        var messages: [KafkaOutgoingMessage] = []
-        var admitted: [TokenEvent] = []
+        var events: [TokenEvent] = []
         for record in batch {
             resultsRead.increment()
             // Only a rejected result can invalidate a token; most results are skipped without
@@ -130,22 +133,28 @@ public final class FeedbackWorker: Service, Sendable {
                 if TokenEvent.invalidates(result) { undecodable.increment() }
                 continue
             }
-            guard ledger.withLock({ $0.admit(event) }) else {
-                duplicates.increment()
-                continue
-            }
-            admitted.append(event)
-            messages.append(message(for: event))
+            events.append(event)
         }
-        if !messages.isEmpty {
-            guard await publisher.publish(messages) else {
-                // Cancelled before Kafka took them: forget them so a redo publishes them.
-                ledger.withLock { ledger in for event in admitted { ledger.forget(event) } }
-                return
-            }
-            count(admitted)
+        if !events.isEmpty {
+            // Cancelled before Kafka took them: left unfinished, redone.
+            guard await publishing.run({ await publishNews(events) }) != nil else { return }
         }
         consumer.markFinished(batch)
+    }
+
+    /// Admits `events` to the ledger and publishes those that are news; how many were, or nil
+    /// when cancelled before Kafka took them all (they are forgotten again, so that a redo or a
+    /// later report of the same token publishes them). Run in a `publishing` turn.
+    private func publishNews(_ events: [TokenEvent]) async -> Int? {
+        let news = ledger.withLock { ledger in events.filter { ledger.admit($0) } }
+        if news.count < events.count { duplicates.increment(by: events.count - news.count) }
+        guard !news.isEmpty else { return 0 }
+        guard await publisher.publish(news.map(message(for:))) else {
+            ledger.withLock { ledger in for event in news { ledger.forget(event) } }
+            return nil
+        }
+        count(news)
+        return news.count
     }
 
     private func message(for event: TokenEvent) -> KafkaOutgoingMessage {
@@ -204,17 +213,15 @@ public final class FeedbackWorker: Service, Sendable {
                         unusable.tokenBytes.insert(tuple.token.count)
                         continue
                     }
-                    if ledger.withLock({ $0.admit(event) }) { events.append(event) } else { duplicates.increment() }
+                    events.append(event)
                 }
                 guard !events.isEmpty else { return }
-                if unpublished == 0, await publisher.publish(events.map(message(for:))) {
-                    count(events)
-                    published += events.count
+                if unpublished == 0, let news = await publishing.run({ await publishNews(events) }) {
+                    published += news
                 } else {
-                    // Only cancellation gets here (a forced stop): the rest is counted, not sent,
-                    // and forgotten, so that a result reporting the same token is not taken
-                    // for a repeat of an event that never went out.
-                    ledger.withLock { ledger in for event in events { ledger.forget(event) } }
+                    // Only cancellation gets here (a forced stop): the rest is counted, not sent
+                    // (and not remembered, so that a result reporting the same token is not
+                    // taken for a repeat of an event that never went out).
                     unpublished += events.count
                 }
             }

@@ -3,7 +3,7 @@ import APNsCore
 import APNsLegacyClient
 import APNsSimulator
 import FleetTestSupport
-import FleetWorker
+@testable import FleetWorker
 import Foundation
 import KafkaTransport
 import Logging
@@ -168,6 +168,40 @@ struct FeedbackWorkerTests {
         // Before, the poll ran in a task of its own that cancellation never reached: the stop
         // waited out the whole minute, past the process's stop budget.
         #expect(stopped < .seconds(20), "stopping took \(stopped)")
+        await producer.shutdown(flushTimeout: .seconds(1))
+    }
+
+    @Test("a result repeating a feedback event that Kafka has not yet acknowledged: its batch is finished only after that acknowledgement")
+    func repeatWaitsForTheEventItRepeats() async throws {
+        let (cluster, consumer, producer, logger) = try Self.kafka(logLevel: .error)
+        defer { withExtendedLifetime(cluster) {} }
+        let topics = TopicNames()
+        let delivering = Shared(false)
+        let service = FeedbackWorker.FeedbackService(app: "example", topic: "com.example.app") { _, deliver in
+            delivering.update { $0 = true }
+            await deliver([FeedbackTuple(timestamp: 1_767_225_600, token: Array(repeating: 0xD1, count: 32))])
+        }
+        let worker = FeedbackWorker(
+            configuration: .init(topics: topics, pollInterval: .seconds(3600), pollTimeout: .seconds(60), ledgerCapacity: 100),
+            consumer: consumer, producer: producer, feedbackServices: [service], logger: logger
+        )
+        // Every answer from the broker takes 1.5 s, so the poll's event is unacknowledged that long.
+        try cluster.setRoundTripTime(broker: 1, milliseconds: 1500)
+        let polling = Task { await worker.poll(service) }
+        try await waitUntil("the poll to hand over its tuple", timeout: 30) { delivering.value }
+        try await Task.sleep(for: .milliseconds(200))
+        // The same invalidation reported by a 410 result: a repeat of the event in flight.
+        let repeated = Self.result("j1", Self.token(0xD1), .rejected, status: 410, reason: "Unregistered", unregisteredAt: 1_767_225_600_000)
+        let record = KafkaRecord(topic: topics.results, partition: 0, offset: 0, key: nil, value: repeated.value, headers: [], timestamp: nil, assignmentEpoch: 1)
+        let started = ContinuousClock.now
+        await worker.handle([record])
+        let waited = started.duration(to: .now)
+        // Finished at once, its offset could be committed before the event it was taken for a
+        // repeat of reached Kafka; a crash then would lose the invalidation for good (the
+        // feedback service forgets what it has sent).
+        #expect(waited >= .milliseconds(1000), "the repeat's batch was finished after \(waited), while the event it repeats was unacknowledged")
+        #expect(await polling.value == 1)
+        try cluster.setRoundTripTime(broker: 1, milliseconds: 0)
         await producer.shutdown(flushTimeout: .seconds(1))
     }
 
