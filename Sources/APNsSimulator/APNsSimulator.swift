@@ -315,8 +315,10 @@ extension TLSConnectionStarter {
                 "client certificate topics",
                 metadata: ["simulator.remote": "\(remote)", "simulator.topics": "\(found.topics.joined(separator: ","))", "simulator.source": "\(found.source.rawValue)"]
             )
-            // The extension lists whole topics (`com.example.app.voip`); a subject UID, the bundle id.
-            return .success(TopicGrant(topics: found.topics, topicRequired: found.topics.count != 1, exact: found.source == .topicsExtension))
+            // Both name whole topics: the extension lists each (`com.example.app.voip`), and a
+            // subject UID is the one topic of an older single-topic certificate, which grants
+            // its bundle id and not the `.voip` or `.complication` topics beside it.
+            return .success(TopicGrant(topics: found.topics, topicRequired: found.topics.count != 1, exact: true))
         } catch {
             logger.warning(
                 "client certificate rejected: its requests get 403 BadCertificate",

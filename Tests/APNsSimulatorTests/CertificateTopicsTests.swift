@@ -218,6 +218,9 @@ struct CertificateTopicsTests {
                 Case(name: "single topic, UID and config not granted", certificate: single, headers: ["apns-topic": "com.example.ignored"], status: 400, reason: "TopicDisallowed"),
                 Case(name: "UID implied", certificate: legacy, headers: [:], status: 200, reason: nil),
                 Case(name: "UID, config not granted", certificate: legacy, headers: ["apns-topic": "com.example.configured"], status: 400, reason: "TopicDisallowed"),
+                // A single-topic certificate grants its bundle id, not the push-type topics beside it.
+                Case(name: "UID, its VoIP topic", certificate: legacy, headers: ["apns-topic": "com.example.legacy.voip", "apns-push-type": "voip"], status: 400, reason: "TopicDisallowed"),
+                Case(name: "UID, VoIP implied", certificate: legacy, headers: ["apns-push-type": "voip"], status: 400, reason: "BadTopic"),
                 Case(name: "config fallback", certificate: plain, headers: ["apns-topic": "com.example.configured"], status: 200, reason: nil),
                 Case(name: "config fallback, other topic", certificate: plain, headers: ["apns-topic": "com.example.app"], status: 400, reason: "TopicDisallowed"),
                 Case(name: "malformed extension", certificate: malformed, headers: ["apns-topic": "com.example.app"], status: 403, reason: "BadCertificate"),
