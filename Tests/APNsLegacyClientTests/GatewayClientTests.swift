@@ -80,6 +80,9 @@ struct GatewayClientTests {
         var settings = configuration(credentials, port: try #require(services.port(.gatewayPlain)), tls: false)
         let interval = Duration.milliseconds(250)
         settings.errorReconnects = .init(burst: 2, interval: interval)
+        // Long enough that a loaded machine's late error-response is not outwaited (which would
+        // count the notification as delivered).
+        settings.quietPeriod = .seconds(3)
         try await withGatewayClient(settings) { client in
             #expect(await client.waitUntilConnected())
             let started = ContinuousClock.now
