@@ -66,14 +66,14 @@ public enum ConfigurationKeys {
         .init("app.<name>.environments", "list of production, sandbox", "(its environment)", "Environments this app's jobs may pick with their environment field; each gets a pool of app.<name>.connections. Must include the app's environment; not for custom or binary."),
         .init("app.<name>.host", "string", "(required for custom)", "APNs host for environment custom."),
         .init("app.<name>.port", "integer", "443", "APNs port for environment custom."),
-        .init("app.<name>.ca-file", "path", "(system roots)", "CA that signs the custom host's certificate. TLS verification is never off."),
+        .init("app.<name>.ca-file", "path", "(system roots)", "CA that signs the certificate of the custom host and of the legacy endpoints; refused when none of them is set. TLS verification is never off."),
         .init("app.<name>.connections", "1-64", "2", "Long-lived HTTP/2 connections per worker for this app."),
         .init("app.<name>.protocol", "http2 | binary", "http2", "Transport: the HTTP/2 provider API, or the legacy binary interface (certificate auth)."),
-        .init("app.<name>.legacy-gateway", "host:port", "(none; required for protocol binary)", "Legacy binary gateway, for protocol binary (Apple closed its own in March 2021: a simulator or your own gateway)."),
+        .init("app.<name>.legacy-gateway", "host:port", "(none; required for protocol binary)", "Legacy binary gateway, for protocol binary only (Apple closed its own in March 2021: a simulator or your own gateway). An IPv6 address goes in brackets: [::1]:2195."),
         .init("app.<name>.legacy-feedback", "host:port", "(none)", "Legacy feedback service, polled by the feedback worker (Apple closed its own in March 2021)."),
-        .init("app.<name>.legacy-tls", "bool", "true", "Whether the legacy endpoints use TLS (false only for local tests)."),
-        .init("app.<name>.legacy-format", "enhanced | simple", "enhanced", "Binary interface format: enhanced (command 1, identifiers and expiry) or simple (command 0)."),
-        .init("app.<name>.legacy-quiet-period-ms", "10-60000", "1000", "Silence from the gateway after which a binary notification counts as delivered; at least 1 s below worker.request-timeout-seconds."),
+        .init("app.<name>.legacy-tls", "bool", "true", "Whether the legacy endpoints use TLS (false only for local tests); refused without a legacy endpoint."),
+        .init("app.<name>.legacy-format", "enhanced | simple", "enhanced", "Binary interface format: enhanced (command 1, identifiers and expiry) or simple (command 0); protocol binary only."),
+        .init("app.<name>.legacy-quiet-period-ms", "10-60000", "1000", "Silence from the gateway after which a binary notification counts as delivered; at least 1 s below worker.request-timeout-seconds; protocol binary only."),
         // Worker
         .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field."),
         .init("worker.max-in-flight", "integer", "0 (from streams)", "Notifications in flight per worker; 0 sizes it from the pool's streams."),
@@ -87,7 +87,7 @@ public enum ConfigurationKeys {
         .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay."),
         // Admin
         .init("admin.host", "string", "127.0.0.1", "Address of /metrics, /healthz and /readyz."),
-        .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz."),
+        .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz; 0 takes a free port and logs it (tests, several workers on one host)."),
         // Feedback worker
         .init("feedback.poll-interval-seconds", "number", "3600", "How often the feedback worker polls each app's legacy feedback service."),
         .init("feedback.ledger-capacity", "integer", "1000000", "Invalidations the feedback worker remembers, so duplicate results do not repeat an event."),

@@ -88,8 +88,15 @@ struct FleetConfigurationDecoder {
         if configuration.retry.inProcessAttempts > configuration.retry.maxAttempts {
             throw ConfigurationError(key: "retry.in-process-attempts", "is larger than retry.max-attempts (\(configuration.retry.maxAttempts))")
         }
+        if configuration.retry.baseDelayMilliseconds > configuration.retry.maxDelayMilliseconds {
+            throw ConfigurationError(
+                key: "retry.base-delay-ms",
+                "is larger than retry.max-delay-ms (\(configuration.retry.maxDelayMilliseconds)); every delay would be the maximum"
+            )
+        }
         configuration.admin = AdminSettings(
             host: try name("admin.host", default: "127.0.0.1"),
+            // 0 takes a free port, logged at start: for tests and several workers on one host.
             port: try int("admin.port", default: 9464, range: 0...65535)
         )
         configuration.feedback = FeedbackSettings(
@@ -223,6 +230,23 @@ struct FleetConfigurationDecoder {
                 key: key("legacy-gateway"),
                 "is required for protocol binary (Apple's own binary gateway closed on 31 March 2021; use protocol http2 for Apple)"
             )
+        }
+        // Left from a binary set-up, or meant for a simulator, these would be ignored while the
+        // jobs go to Apple over HTTP/2: refused, as host and port are above.
+        if transport == .http2 {
+            try refuseIgnored(
+                ["legacy-gateway", "legacy-format", "legacy-quiet-period-ms"].map(key),
+                because: "\(key("protocol")) is http2 (only the binary interface sends through the legacy gateway)"
+            )
+        }
+        if gateway == nil, feedback == nil {
+            try refuseIgnored([key("legacy-tls")], because: "neither \(key("legacy-gateway")) nor \(key("legacy-feedback")) is set")
+            if case .custom = endpoint {} else {
+                try refuseIgnored(
+                    [key("ca-file")],
+                    because: "it applies to environment custom and the legacy endpoints, and \(key("environment")) is \(environmentName) with no legacy endpoint"
+                )
+            }
         }
 
         let legacyFormat: LegacyNotification.Format
@@ -455,14 +479,22 @@ struct FleetConfigurationDecoder {
         return value
     }
 
+    /// `host:port`, or `[address]:port` for an IPv6 address (whose colons would be ambiguous).
     private func hostPort(_ key: String, tls: Bool, caFile: String?) throws(ConfigurationError) -> LegacyEndpoint? {
         guard let text = try string(key) else { return nil }
-        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port),
-            colon != text.startIndex
-        else {
-            throw ConfigurationError(key: key, "must be host:port, got \"\(text.prefix(60))\"")
+        let problem = ConfigurationError(key: key, "must be host:port, or [IPv6 address]:port, got \"\(text.prefix(60))\"")
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port) else {
+            throw problem
         }
-        return LegacyEndpoint(host: String(text[..<colon]), port: port, tls: tls, caFile: caFile)
+        var host = text[..<colon]
+        if host.first == "[" {
+            guard host.count > 2, host.last == "]" else { throw problem }
+            host = host.dropFirst().dropLast()
+        } else if host.contains(":") {
+            throw problem
+        }
+        guard !host.isEmpty, !host.contains(where: { $0.isWhitespace || $0 == "[" || $0 == "]" || $0 == "/" }) else { throw problem }
+        return LegacyEndpoint(host: String(host), port: port, tls: tls, caFile: caFile)
     }
 }
 

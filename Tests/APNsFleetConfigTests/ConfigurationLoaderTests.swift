@@ -90,6 +90,17 @@ struct ConfigurationLoaderTests {
         #expect(configuration.retry.maxAttempts == 5)
     }
 
+    @Test("a legacy endpoint is host:port, or [IPv6 address]:port without the brackets in the host")
+    func legacyEndpoints() async throws {
+        let app = ["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ"]
+        let named = try await ConfigurationLoader(environment: app.merging(["APNS_FLEET_APP_A_LEGACY_FEEDBACK": "feedback.internal:2196"]) { $1 }).load()
+        #expect(named.apps.first?.legacyFeedback?.host == "feedback.internal")
+        #expect(named.apps.first?.legacyFeedback?.port == 2196)
+        let v6 = try await ConfigurationLoader(environment: app.merging(["APNS_FLEET_APP_A_LEGACY_FEEDBACK": "[::1]:2296", "APNS_FLEET_APP_A_LEGACY_TLS": "false"]) { $1 }).load()
+        #expect(v6.apps.first?.legacyFeedback?.host == "::1")
+        #expect(v6.apps.first?.legacyFeedback?.port == 2296 && v6.apps.first?.legacyFeedback?.tls == false)
+    }
+
     @Test("flags win over the environment, which wins over the file")
     func precedence() async throws {
         let path = try temporaryFile("fleet.yaml", yaml)
@@ -229,6 +240,22 @@ struct ConfigurationLoaderTests {
              "configuration key 'app.a.port': is set but not used: app.a.environment is sandbox; set it to custom to send to this host"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem"],
              "configuration key 'app.a.certificate-file': is set but not used: app.a.auth is token"),
+            // Legacy settings on an app that goes to Apple over HTTP/2: ignored, they would hide a mistake.
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_LEGACY_GATEWAY": "gw.internal:2195"],
+             "configuration key 'app.a.legacy-gateway': is set but not used: app.a.protocol is http2 (only the binary interface sends through the legacy gateway)"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_LEGACY_QUIET_PERIOD_MS": "500"],
+             "configuration key 'app.a.legacy-quiet-period-ms': is set but not used: app.a.protocol is http2 (only the binary interface sends through the legacy gateway)"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_LEGACY_TLS": "false"],
+             "configuration key 'app.a.legacy-tls': is set but not used: neither app.a.legacy-gateway nor app.a.legacy-feedback is set"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_CA_FILE": "/ca.pem"],
+             "configuration key 'app.a.ca-file': is set but not used: it applies to environment custom and the legacy endpoints, and app.a.environment is production with no legacy endpoint"),
+            // host:port, with brackets around an IPv6 address.
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_LEGACY_FEEDBACK": "::1"],
+             "configuration key 'app.a.legacy-feedback': must be host:port, or [IPv6 address]:port, got \"::1\""),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_LEGACY_FEEDBACK": "gw host:99"],
+             "configuration key 'app.a.legacy-feedback': must be host:port, or [IPv6 address]:port, got \"gw host:99\""),
+            (["APNS_FLEET_RETRY_BASE_DELAY_MS": "600000", "APNS_FLEET_RETRY_MAX_DELAY_MS": "100"],
+             "configuration key 'retry.base-delay-ms': is larger than retry.max-delay-ms (100); every delay would be the maximum"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG"],
              "configuration key 'app.a.key-id': is set but not used: app.a.auth is certificate"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_PKCS12_FILE": "/c.p12", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem"],
