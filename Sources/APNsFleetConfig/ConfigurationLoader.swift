@@ -47,15 +47,22 @@ public struct ConfigurationLoader: Sendable {
         let reader = try await makeReader()
         let file = try filePath.map { path throws(ConfigurationError) in try UnknownKeys.keys(ofFile: path) } ?? UnknownKeys.FileKeys()
         let flagKeys = overrides.compactMap { pair in pair.firstIndex(of: "=").map { String(pair[..<$0]) } }
+        // An empty flag or variable counts as unset (see `makeReader`), so it does not excuse the
+        // file's null either: the null would be read as its text.
+        let settingFlagKeys = overrides.compactMap { pair -> String? in
+            guard let equals = pair.firstIndex(of: "="), !String(pair[pair.index(after: equals)...]).trimmingSpaces.isEmpty else { return nil }
+            return String(pair[..<equals])
+        }
+        let settingEnvironment = environment.filter { !$0.value.trimmingSpaces.isEmpty }
         let source = "in \(filePath ?? "the config file")"
         try UnknownKeys.check(file.keys, source: source)
         try UnknownKeys.check(flagKeys, source: "in --set")
         // Values the file reader would misread are refused before decoding turns them into
         // confusing range errors; app keys once the listed apps are known.
-        try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: flagKeys, environment: environment, apps: nil)
+        try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: settingFlagKeys, environment: settingEnvironment, apps: nil)
         let configuration = try FleetConfigurationDecoder(reader: reader).decode()
         try UnknownKeys.checkApps(flagKeys, source: "in --set", apps: configuration.apps.map(\.name))
-        try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: flagKeys, environment: environment, apps: configuration.apps.map(\.name))
+        try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: settingFlagKeys, environment: settingEnvironment, apps: configuration.apps.map(\.name))
         return configuration
     }
 

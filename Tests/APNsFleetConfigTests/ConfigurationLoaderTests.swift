@@ -160,6 +160,15 @@ struct ConfigurationLoaderTests {
         #expect(fromEnvironment.kafka.saslUsername == "fleet")
         let fromFlag = try await ConfigurationLoader(filePath: overridden, overrides: ["kafka.sasl.username=flag"]).load()
         #expect(fromFlag.kafka.saslUsername == "flag")
+        // An empty one counts as unset (Compose writes an undefined ${VAR} as ""), so the null stands, and is refused.
+        let nullTopic = try temporaryFile("fleet.yaml", "topics:\n  jobs: null\n")
+        for loader in [
+            ConfigurationLoader(filePath: nullTopic, environment: ["APNS_FLEET_TOPICS_JOBS": " "]),
+            ConfigurationLoader(filePath: nullTopic, overrides: ["topics.jobs="]),
+        ] {
+            let error = await #expect(throws: ConfigurationError.self) { try await loader.load() }
+            #expect(error.map { "\($0)" }?.hasPrefix("configuration key 'topics.jobs': is null") == true, "\(error.map { "\($0)" } ?? "no error")")
+        }
     }
 
     @Test("JSON: true for a number is an error naming the key, unless a variable sets it; null sets nothing")
