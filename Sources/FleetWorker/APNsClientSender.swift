@@ -16,7 +16,7 @@ public struct APNsClientSender: NotificationSender {
     public func send(_ notification: OutgoingNotification) async -> SendResult {
         let started = NIODeadline.now()
         let outcome = await clients.send(notification.request, app: notification.app, environment: notification.environment, deadline: started + TimeAmount(requestTimeout), sendBy: notification.sendBy)
-        return SendResult(outcome, latencyMs: started.millisecondsUntilNow)
+        return SendResult(outcome, sentID: notification.request.apnsID, latencyMs: started.millisecondsUntilNow)
     }
 
     public func canSubmit(app: String) -> Bool { true }

@@ -57,7 +57,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         if progress.attempts == job.previousAttempts + 1, case .answered(let response) = outcome {
             recordAddedLatency(answeredAt: now, response: response)
         }
-        let sent = SendResult(outcome, latencyMs: sentAt.milliseconds(until: now))
+        let sent = SendResult(outcome, sentID: notification.request.apnsID, latencyMs: sentAt.milliseconds(until: now))
         switch worker.afterSending(sent, job: job, token: notification.token, sendBy: notification.sendBy, progress: &progress) {
         case .done(let finished):
             publish(worker.outcomeMessage(finished, of: job, record: record))

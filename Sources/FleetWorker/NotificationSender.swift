@@ -73,11 +73,13 @@ public struct SendResult: Sendable, Hashable {
     }
 
     /// What the HTTP/2 client's outcome says, taking `latencyMs` from the caller's clock.
-    public init(_ outcome: APNsOutcome, latencyMs: Double) {
+    /// `sentID` is the `apns-id` the request carried: the result's when APNs did not answer (a
+    /// timeout or a dropped connection), since APNs may still have taken the request under it.
+    public init(_ outcome: APNsOutcome, sentID: String?, latencyMs: Double) {
         let response = outcome.response
         self.init(
             attempt: outcome.attemptResult,
-            apnsID: response?.apnsID,
+            apnsID: response?.apnsID ?? sentID,
             apnsUniqueID: response?.apnsUniqueID,
             unregisteredAt: response?.timestamp,
             latencyMs: latencyMs

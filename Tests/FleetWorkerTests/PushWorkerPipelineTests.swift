@@ -146,3 +146,14 @@ final class Collected<Element: Sendable>: Sendable {
     var count: Int { storage.withLock { $0.count } }
     var items: [Element] { storage.withLock { $0 } }
 }
+
+@Suite("Send results")
+struct SendResultTests {
+    @Test("an unanswered attempt's result carries the apns-id its request was sent with (APNs may have taken it); an answer's own id wins")
+    func apnsIDOfUnansweredAttempts() {
+        let timedOut = SendResult(.notAnswered(APNsNotAnswered(.timeout, "no answer within 10 s", certainlyNotProcessed: false)), sentID: "9f1c0000-0000-4000-8000-000000000001", latencyMs: 10_000)
+        #expect(timedOut.apnsID == "9f1c0000-0000-4000-8000-000000000001")
+        let answered = SendResult(.answered(APNsResponse(status: 200, apnsID: "9f1c0000-0000-4000-8000-000000000002")), sentID: "9f1c0000-0000-4000-8000-000000000001", latencyMs: 3)
+        #expect(answered.apnsID == "9f1c0000-0000-4000-8000-000000000002")
+    }
+}

@@ -31,7 +31,8 @@ public struct SourcePosition: Sendable, Hashable {
 /// One result per notification attempt that ends, published to `apns.results` keyed by token.
 public struct NotificationResult: Sendable, Hashable {
     public var jobID: String
-    /// The token as the job gave it; for an `invalid` job whose token could not be read, the
+    /// The token as the job gave it, in lowercase hex (so results of one device share a key
+    /// whatever case producers use); for an `invalid` job whose token could not be read, the
     /// raw text is unavailable and this is empty.
     public var token: String
     public var topic: String?
