@@ -7,6 +7,9 @@ import SystemPackage
 public struct ConfigurationError: Error, Sendable, Hashable, CustomStringConvertible {
     public var key: String?
     public var problem: String
+    /// Where the key's value came from (`--set`, an environment variable, the file), when it was
+    /// set at all: the file may say one thing while a variable says another.
+    public var origin: String?
 
     public init(key: String?, _ problem: String) {
         self.key = key
@@ -15,7 +18,7 @@ public struct ConfigurationError: Error, Sendable, Hashable, CustomStringConvert
 
     public var description: String {
         guard let key else { return "configuration: \(problem)" }
-        return "configuration key '\(key)': \(problem)"
+        return "configuration key '\(key)'\(origin.map { " (\($0))" } ?? ""): \(problem)"
     }
 }
 
@@ -60,7 +63,23 @@ public struct ConfigurationLoader: Sendable {
         // Values the file reader would misread are refused before decoding turns them into
         // confusing range errors; app keys once the listed apps are known.
         try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: settingFlagKeys, environment: settingEnvironment, apps: nil)
-        let configuration = try FleetConfigurationDecoder(reader: reader).decode()
+        let configuration: FleetConfiguration
+        do {
+            configuration = try FleetConfigurationDecoder(reader: reader).decode()
+        } catch {
+            var named = error
+            if let key = error.key {
+                let variable = Self.environmentName(for: key)
+                if settingFlagKeys.contains(key) {
+                    named.origin = "from --set"
+                } else if settingEnvironment[variable] != nil {
+                    named.origin = "from \(variable)"
+                } else if file.keys.contains(key) {
+                    named.origin = source
+                }
+            }
+            throw named
+        }
         try UnknownKeys.checkApps(flagKeys, source: "in --set", apps: configuration.apps.map(\.name))
         try UnknownKeys.checkValues(file.valueProblems, source: source, flagKeys: settingFlagKeys, environment: settingEnvironment, apps: configuration.apps.map(\.name))
         return configuration

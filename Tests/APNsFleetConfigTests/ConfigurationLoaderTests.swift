@@ -282,8 +282,32 @@ struct ConfigurationLoaderTests {
         do {
             _ = try await ConfigurationLoader(environment: environment).load()
         } catch {
-            #expect(error.description == message)
+            // Where the value came from is checked on its own (`errorOrigins`).
+            var problem = error
+            problem.origin = nil
+            #expect(problem.description == message)
         }
+    }
+
+    @Test("an error says where the bad value came from: --set, the variable, or the file")
+    func errorOrigins() async throws {
+        let path = try temporaryFile("fleet.yaml", "worker:\n  request-timeout-seconds: 0\n")
+        func message(_ loader: ConfigurationLoader) async -> String {
+            do {
+                _ = try await loader.load()
+                return "no error"
+            } catch {
+                return error.description
+            }
+        }
+        let problem = "is 0.0; it must be between 0.1 and 600.0"
+        #expect(await message(ConfigurationLoader(filePath: path)) == "configuration key 'worker.request-timeout-seconds' (in \(path)): \(problem)")
+        #expect(await message(ConfigurationLoader(environment: ["APNS_FLEET_WORKER_REQUEST_TIMEOUT_SECONDS": "0"]))
+            == "configuration key 'worker.request-timeout-seconds' (from APNS_FLEET_WORKER_REQUEST_TIMEOUT_SECONDS): \(problem)")
+        #expect(await message(ConfigurationLoader(filePath: path, environment: ["APNS_FLEET_WORKER_REQUEST_TIMEOUT_SECONDS": "10"], overrides: ["worker.request-timeout-seconds=0"]))
+            == "configuration key 'worker.request-timeout-seconds' (from --set): \(problem)")
+        // A key no layer sets (a required one) names none.
+        #expect(await message(ConfigurationLoader(environment: ["APNS_FLEET_APPS": "a"])) == "configuration key 'app.a.key-file': is required for token auth (the .p8 signing key)")
     }
 
     @Test("secrets never show up in errors or descriptions")
@@ -307,7 +331,7 @@ struct ConfigurationLoaderTests {
             Issue.record("expected an error")
         } catch {
             #expect(!error.description.contains(password))
-            #expect(error.description == "configuration key 'kafka.sasl.password-file': give kafka.sasl.password or kafka.sasl.password-file, not both")
+            #expect(error.description == "configuration key 'kafka.sasl.password-file' (from APNS_FLEET_KAFKA_SASL_PASSWORD_FILE): give kafka.sasl.password or kafka.sasl.password-file, not both")
         }
     }
 
@@ -380,7 +404,7 @@ struct ConfigurationLoaderTests {
     func singleValueForList() async throws {
         let path = try temporaryFile("fleet.yaml", "apps: example\n")
         let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: path).load() }
-        #expect(error?.description == "configuration key 'apps': must be a list: [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
+        #expect(error?.description == "configuration key 'apps' (in \(path)): must be a list: [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
     }
 
     @Test("the TLS key and certificate passwords can come from files too, checked like the SASL one")
@@ -407,7 +431,7 @@ struct ConfigurationLoaderTests {
         var both = environment
         both["APNS_FLEET_APP_A_CERTIFICATE_PASSWORD"] = "inline-secret"
         let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(environment: both).load() }
-        #expect(error?.description == "configuration key 'app.a.certificate-password-file': give app.a.certificate-password or app.a.certificate-password-file, not both")
+        #expect(error?.description == "configuration key 'app.a.certificate-password-file' (from APNS_FLEET_APP_A_CERTIFICATE_PASSWORD_FILE): give app.a.certificate-password or app.a.certificate-password-file, not both")
         #expect(error?.description.contains("inline-secret") == false)
 
         var kafkaBoth = environment
