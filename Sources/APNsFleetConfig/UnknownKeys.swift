@@ -24,21 +24,31 @@ enum UnknownKeys {
         guard let data = FileManager.default.contents(atPath: path) else {
             throw ConfigurationError(key: nil, "cannot read config file \(path)")
         }
+        var file = FileKeys()
         do {
-            var file = FileKeys()
             let lower = path.lowercased()
             if lower.hasSuffix(".json") {
-                file.keys = flatten(json: try JSONSerialization.jsonObject(with: data), prefix: nil)
-                // Foundation's reader turns `true` into 1 for an integer key; the exact parser tells them apart.
-                if let value = try? JSONParser.parse(Array(data)) { jsonValueProblems(value, prefix: nil, into: &file.valueProblems) }
-                return file
+                // Syntax errors as Foundation's reader (the one that reads the values) sees them.
+                _ = try JSONSerialization.jsonObject(with: data)
+                // The exact parser keeps a name given twice, which Foundation's reader drops
+                // silently, and tells `true` from 1 for an integer key.
+                let value = try JSONParser.parse(Array(data))
+                file.keys = flatten(json: value, prefix: nil)
+                jsonValueProblems(value, prefix: nil, into: &file.valueProblems)
+            } else {
+                guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return file }
+                file.keys = flatten(yaml: node, prefix: nil, nullSettings: &file.valueProblems)
             }
-            guard let node = try Yams.compose(yaml: String(decoding: data, as: UTF8.self)) else { return file }
-            file.keys = flatten(yaml: node, prefix: nil, nullSettings: &file.valueProblems)
-            return file
         } catch {
             throw ConfigurationError(key: nil, "cannot read config file \(path): \(ConfigFileProblem.describe(error, path: path))")
         }
+        // A name given twice in one JSON object, or a YAML key given both dotted
+        // (`app.example.key-id:`) and nested: one of the two would be dropped without a word.
+        var seen = Set<String>()
+        if let twice = file.keys.first(where: { !seen.insert($0).inserted }) {
+            throw ConfigurationError(key: twice, "is given twice in \(path) (a name repeated in one object, or given both as a dotted key and nested); one would be ignored")
+        }
+        return file
     }
 
     /// The keys under `node`, and into `nullSettings` the settings (catalogued keys, not sections)
@@ -98,10 +108,18 @@ enum UnknownKeys {
 
     private static let typesByName = Dictionary(ConfigurationKeys.all.map { ($0.name, $0.type) }, uniquingKeysWith: { first, _ in first })
 
-    private static func flatten(json value: Any, prefix: String?) -> [String] {
-        if value is NSNull { return [] }
-        guard let object = value as? [String: Any] else { return prefix.map { [$0] } ?? [] }
-        return object.flatMap { name, value in flatten(json: value, prefix: prefix.map { "\($0).\(name)" } ?? name) }
+    private static func flatten(json value: JSONValue, prefix: String?) -> [String] {
+        switch value {
+        case .null:
+            return []
+        case .object(let members):
+            return members.flatMap { member -> [String] in
+                if prefix == nil, member.key.hasPrefix("x-") { return [] }
+                return flatten(json: member.value, prefix: prefix.map { "\($0).\(member.key)" } ?? member.key)
+            }
+        default:
+            return prefix.map { [$0] } ?? []
+        }
     }
 
     /// Checks `keys` (from `source`, for the message) against the catalogue: the first unknown

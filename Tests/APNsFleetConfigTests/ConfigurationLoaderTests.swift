@@ -289,6 +289,19 @@ struct ConfigurationLoaderTests {
         }
     }
 
+    @Test("a key given twice in a file is an error: a JSON name repeated in one object, a YAML key both dotted and nested")
+    func keysGivenTwice() async throws {
+        let json = try temporaryFile("fleet.json", #"{"admin": {"port": 99999, "port": 9464}}"#)
+        let jsonError = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: json).load() }
+        #expect(jsonError?.description.hasPrefix("configuration key 'admin.port': is given twice in \(json)") == true, "\(jsonError.map { "\($0)" } ?? "")")
+        let yaml = try temporaryFile("fleet.yaml", "admin:\n  port: 9464\nadmin.port: 9500\n")
+        let yamlError = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: yaml).load() }
+        #expect(yamlError?.description.hasPrefix("configuration key 'admin.port': is given twice in \(yaml)") == true, "\(yamlError.map { "\($0)" } ?? "")")
+        // A top-level x-* key holds shared values (YAML anchors), in JSON as in YAML: not a setting.
+        let shared = try temporaryFile("fleet.json", #"{"x-common": {"anything": 1}, "admin": {"port": 9500}}"#)
+        #expect(try await ConfigurationLoader(filePath: shared).load().admin.port == 9500)
+    }
+
     @Test("an error says where the bad value came from: --set, the variable, or the file")
     func errorOrigins() async throws {
         let path = try temporaryFile("fleet.yaml", "worker:\n  request-timeout-seconds: 0\n")
