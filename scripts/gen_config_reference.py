@@ -23,7 +23,7 @@ out = [
     "",
     "1. **Flags**: `--set key=value` (repeatable) and the dedicated flags of each subcommand.",
     "2. **Environment variables**: the key upper-cased, `.` and `-` turned into `_`, prefixed `APNS_FLEET_`",
-    "   (`kafka.bootstrap-servers` → `APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS`). Lists are comma-separated, and a list given here replaces the file's list (so a `kafka.properties` value that holds a comma, such as librdkafka's `debug=broker,topic`, can only come from the file). An empty variable (or `--set key=`) counts as unset: the file's value, or the default, applies.",
+    "   (`kafka.bootstrap-servers` → `APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS`). Lists are comma-separated, and a list given here replaces the file's list (so a `kafka.properties` value that holds a comma, such as librdkafka's `debug=broker,topic`, can only come from the file). An empty variable (or `--set key=`) counts as unset: the file's value, or the default, applies. Precedence is per key, so a variable or flag that switches a mode (`auth`, `environment: custom`, a password to its `-file` form) leaves the file's keys of the other mode in place, and they are refused as set but not used: take them out of the file.",
     "3. **A configuration file** given with `--config`: YAML (`.yaml`, `.yml`) or JSON (`.json`), nested by the dots of the keys.",
     "4. **Defaults**, listed below.",
     "",

@@ -65,7 +65,7 @@ public enum ConfigurationKeys {
         .init("app.<name>.environment", "production | sandbox | custom", "production", "Which APNs: Apple's production or sandbox, or a custom host (a simulator)."),
         .init("app.<name>.environments", "list of production, sandbox", "(its environment)", "Environments this app's jobs may pick with their environment field; each gets a pool of app.<name>.connections. Must include the app's environment; not for custom or binary."),
         .init("app.<name>.host", "string", "(required for custom)", "APNs host for environment custom."),
-        .init("app.<name>.port", "integer", "443", "APNs port for environment custom."),
+        .init("app.<name>.port", "integer", "443", "APNs port for environment custom: 1 to 65535."),
         .init("app.<name>.ca-file", "path", "(system roots)", "CA that signs the certificate of the custom host and of the legacy endpoints; refused when none of them is set. TLS verification is never off."),
         .init("app.<name>.connections", "1-64", "2", "Long-lived HTTP/2 connections per worker for this app."),
         .init("app.<name>.protocol", "http2 | binary", "http2", "Transport: the HTTP/2 provider API, or the legacy binary interface (certificate auth)."),
@@ -75,21 +75,21 @@ public enum ConfigurationKeys {
         .init("app.<name>.legacy-format", "enhanced | simple", "enhanced", "Binary interface format: enhanced (command 1, identifiers and expiry) or simple (command 0); protocol binary only."),
         .init("app.<name>.legacy-quiet-period-ms", "10-60000", "1000", "Silence from the gateway after which a binary notification counts as delivered; at least 1 s below worker.request-timeout-seconds; protocol binary only."),
         // Worker
-        .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field."),
-        .init("worker.max-in-flight", "integer", "0 (from streams)", "Notifications in flight per worker; 0 sizes it from the pool's streams."),
+        .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field (the feedback worker's default is feedback-<host>-<pid>)."),
+        .init("worker.max-in-flight", "integer", "0 (from streams)", "Notifications in flight per worker, 0 to 1,000,000; 0 sizes it from the pool's streams."),
         .init("worker.max-tokens-per-job", "integer", "1000", "Most tokens one fan-out job may carry; at most 7500, about what a job record (512 KiB at most) can hold."),
-        .init("worker.drain-timeout-seconds", "number", "25", "How long SIGTERM, or a revocation, waits for in-flight work; at least 30 s below max.poll.interval.ms."),
-        .init("worker.request-timeout-seconds", "number", "10", "Deadline of one APNs request."),
+        .init("worker.drain-timeout-seconds", "number", "25", "How long SIGTERM, or a revocation, waits for in-flight work: 0 to 3600, and at least 30 s below max.poll.interval.ms."),
+        .init("worker.request-timeout-seconds", "number", "10", "Deadline of one APNs request: 0.1 to 600."),
         // Retry
-        .init("retry.in-process-attempts", "integer", "3", "Attempts in process before the retry topic."),
+        .init("retry.in-process-attempts", "integer", "3", "Attempts in process before the retry topic: 1 to 100, at most retry.max-attempts."),
         .init("retry.max-attempts", "integer", "12", "Attempts in all before the result is failed; the defaults retry for about 80 to 160 seconds (delays doubling from retry.base-delay-ms, at most retry.max-delay-ms, halved at random)."),
-        .init("retry.base-delay-ms", "integer", "100", "First backoff delay."),
-        .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay."),
+        .init("retry.base-delay-ms", "integer", "100", "First backoff delay: 1 to 3,600,000, at most retry.max-delay-ms."),
+        .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay: 1 to 86,400,000."),
         // Admin
         .init("admin.host", "string", "127.0.0.1", "Address of /metrics, /healthz and /readyz."),
         .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz; 0 takes a free port and logs it (tests, several workers on one host)."),
         // Feedback worker
-        .init("feedback.poll-interval-seconds", "number", "3600", "How often the feedback worker polls each app's legacy feedback service."),
-        .init("feedback.ledger-capacity", "integer", "1000000", "Invalidations the feedback worker remembers, so duplicate results do not repeat an event."),
+        .init("feedback.poll-interval-seconds", "number", "3600", "How often the feedback worker polls each app's legacy feedback service: 1 to 604,800 (a week)."),
+        .init("feedback.ledger-capacity", "integer", "1000000", "Invalidations the feedback worker remembers, so duplicate results do not repeat an event: 1,000 to 100,000,000."),
     ]
 }
