@@ -70,6 +70,30 @@ struct JobIntakeTests {
         #expect(badPayload.results.first?.reason == "tokens[1]: device token is not hex: character 1 is 'z'")
     }
 
+    @Test("a job that does not decode keeps its app, topic and meta in its invalid results, each where it is valid on its own")
+    func undecodableKeepsItsContext() {
+        func results(_ text: String, headers: [RecordHeader] = []) -> [NotificationResult] {
+            guard case .rejected(let rejected) = accept(text, headers: headers) else { return [] }
+            return rejected.results
+        }
+        // A bad token (the most common invalid job): the campaign is still known.
+        let badToken = results(#"{"tokens":["\#(tokenA)","abc"],"app":"shop","topic":"com.shop","meta":{ "campaign" : "x" },"payload":{}}"#)
+        #expect(badToken.map(\.token) == [tokenA])
+        #expect(badToken.first?.meta?.description == #"{ "campaign" : "x" }"#, "the producer's bytes, verbatim")
+        #expect(badToken.first?.app == "shop" && badToken.first?.topic == "com.shop")
+        // Cut short after meta: what came before the syntax error stands.
+        let truncated = results(#"{"meta":{"campaign":"y"},"app":"shop","tokens":["\#(tokenA)""#)
+        #expect(truncated.first?.meta?.description == #"{"campaign":"y"}"#)
+        #expect(truncated.first?.app == "shop")
+        // Fields that are not valid on their own are left out.
+        let bad = results(#"{"tokens":["zz"],"app":"","topic":"bad\u0001topic","meta":[1],"payload":{}}"#)
+        #expect(bad.first?.meta == nil && bad.first?.app == nil && bad.first?.topic == nil)
+        // A header job whose token is bad keeps its meta header.
+        let header = results(#"{"aps":{}}"#, headers: [RecordHeader("apns-token", "not-hex"), RecordHeader("meta", #"{"campaign":"z"}"#), RecordHeader("app", "shop")])
+        #expect(header.first?.meta?.description == #"{"campaign":"z"}"#)
+        #expect(header.first?.app == "shop")
+    }
+
     @Test("a header-encoded job refused is named by its record, not by keys of its APNs payload")
     func refusedHeaderJobKeepsItsOwnIdentity() {
         // The payload is the app's own JSON: its `id` and `tokens` keys say nothing about the job.

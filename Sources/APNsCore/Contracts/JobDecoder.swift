@@ -2,6 +2,20 @@
 ///
 /// Every rejection is a `JobRejection` whose reason names the field and the problem; no input
 /// makes it trap. The payload is checked in place and kept as the producer's own bytes.
+/// The fields of an unusable job that its `invalid` results still carry (see
+/// ``JobDecoder/bestEffortContext(value:headers:)``).
+public struct JobContext: Sendable, Hashable {
+    public var app: String?
+    public var topic: String?
+    public var meta: RawJSON?
+
+    public init(app: String? = nil, topic: String? = nil, meta: RawJSON? = nil) {
+        self.app = app
+        self.topic = topic
+        self.meta = meta
+    }
+}
+
 public struct JobDecoder: Sendable {
     public struct Limits: Sendable, Hashable {
         /// Most tokens one fan-out job may carry. Default: 1000.
@@ -312,6 +326,56 @@ public struct JobDecoder: Sendable {
         }
         try JobRules.checkPayloadSize(payload.count, pushType: job.pushType ?? .voip)
         return job
+    }
+
+    /// What the results of an unusable job can still carry: its `app`, `topic` and `meta`, each
+    /// taken only when it is valid on its own (and `meta` only as the producer's exact bytes),
+    /// so that analytics can attribute an `invalid` result to its campaign. A syntax error ends
+    /// the reading; what came before it stands.
+    public func bestEffortContext(value: [UInt8], headers: [RecordHeader]) -> JobContext {
+        var context = JobContext()
+        func meta(_ bytes: [UInt8], _ range: Range<Int>) -> RawJSON? {
+            guard range.count <= JobRules.maximumMetaBytes,
+                (try? JSONParser.validateObject(bytes, range: range, maxDepth: limits.maximumDepth)) != nil
+            else { return nil }
+            return RawJSON(bytes: bytes[range])
+        }
+        if headers.contains(where: { $0.key == Self.tokenHeader }) {
+            for header in headers {
+                guard let key = HeaderKey(name: header.key), let text = header.text else { continue }
+                switch key {
+                case .app: context.app = context.app ?? (try? JobRules.identifier(text, field: "app"))
+                case .topic: context.topic = context.topic ?? (try? JobRules.topic(text))
+                case .meta:
+                    let bytes = Array(text.utf8)
+                    context.meta = context.meta ?? meta(bytes, 0..<bytes.count)
+                default: break
+                }
+            }
+            return context
+        }
+        var parser = JSONParser(bytes: value, maxDepth: limits.maximumDepth)
+        do {
+            try parser.beginObject()
+            var first = true
+            while let rawKey = try parser.nextRawKey(first: first) {
+                first = false
+                switch try parser.string(of: rawKey) {
+                case "meta":
+                    let range = try parser.skipValueReturningRange()
+                    context.meta = context.meta ?? meta(value, range)
+                case "app":
+                    if case .string(let text) = try parser.parseValue() { context.app = context.app ?? (try? JobRules.identifier(text, field: "app")) }
+                case "topic":
+                    if case .string(let text) = try parser.parseValue() { context.topic = context.topic ?? (try? JobRules.topic(text)) }
+                default:
+                    _ = try parser.skipValueReturningRange()
+                }
+            }
+        } catch {
+            // Read as far as the syntax allowed.
+        }
+        return context
     }
 
     /// The headers of the header encoding; any other header is the producer's own and ignored.

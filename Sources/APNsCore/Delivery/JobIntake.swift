@@ -165,13 +165,16 @@ public struct JobIntake: Sendable {
         tokens jobTokens: [DeviceToken]? = nil
     ) -> IntakeDecision {
         let tokens = (jobTokens ?? job?.tokens).map { $0.map(\.hex) } ?? Self.bestEffortTokens(value: value, headers: headers)
+        // A job that did not decode still names its app, topic and meta, most likely: its
+        // results carry them where they are valid on their own.
+        let context = job.map { JobContext(app: $0.app, topic: $0.topic, meta: $0.meta) } ?? decoder.bestEffortContext(value: value, headers: headers)
         // Built once: a fan-out job may have thousands of tokens.
         let reason = rejection.reason
         let results = (tokens.isEmpty ? [""] : tokens).map { token in
             NotificationResult(
-                jobID: jobID ?? source.derivedJobID, token: token, topic: job?.topic, app: job?.app,
+                jobID: jobID ?? source.derivedJobID, token: token, topic: context.topic, app: context.app,
                 outcome: .invalid, reason: reason, attempts: 0, latencyMs: 0,
-                sentAt: now, worker: workerID, meta: job?.meta, source: source
+                sentAt: now, worker: workerID, meta: context.meta, source: source
             )
         }
         let deadLetter = DeadLetterHeaders(reason: reason, source: source)
