@@ -74,12 +74,15 @@ public struct SendResult: Sendable, Hashable {
 
     /// What the HTTP/2 client's outcome says, taking `latencyMs` from the caller's clock.
     /// `sentID` is the `apns-id` the request carried: the result's when APNs did not answer (a
-    /// timeout or a dropped connection), since APNs may still have taken the request under it.
+    /// timeout or a dropped connection) but may still have taken the request under it; not when
+    /// the request certainly never reached APNs.
     public init(_ outcome: APNsOutcome, sentID: String?, latencyMs: Double) {
         let response = outcome.response
+        var mayHaveReachedAPNs = false
+        if case .notAnswered(let why) = outcome { mayHaveReachedAPNs = !why.certainlyNotProcessed }
         self.init(
             attempt: outcome.attemptResult,
-            apnsID: response?.apnsID ?? sentID,
+            apnsID: response?.apnsID ?? (mayHaveReachedAPNs ? sentID : nil),
             apnsUniqueID: response?.apnsUniqueID,
             unregisteredAt: response?.timestamp,
             latencyMs: latencyMs

@@ -149,11 +149,14 @@ final class Collected<Element: Sendable>: Sendable {
 
 @Suite("Send results")
 struct SendResultTests {
-    @Test("an unanswered attempt's result carries the apns-id its request was sent with (APNs may have taken it); an answer's own id wins")
+    @Test("an unanswered attempt's result carries the apns-id its request was sent with (APNs may have taken it), not one never written; an answer's own id wins")
     func apnsIDOfUnansweredAttempts() {
         let timedOut = SendResult(.notAnswered(APNsNotAnswered(.timeout, "no answer within 10 s", certainlyNotProcessed: false)), sentID: "9f1c0000-0000-4000-8000-000000000001", latencyMs: 10_000)
         #expect(timedOut.apnsID == "9f1c0000-0000-4000-8000-000000000001")
         let answered = SendResult(.answered(APNsResponse(status: 200, apnsID: "9f1c0000-0000-4000-8000-000000000002")), sentID: "9f1c0000-0000-4000-8000-000000000001", latencyMs: 3)
         #expect(answered.apnsID == "9f1c0000-0000-4000-8000-000000000002")
+        // Never written (too late, the connection going away): it reached nobody, so no id.
+        let unsent = SendResult(.notAnswered(APNsNotAnswered(.tooLate, "past its send-by time before it was written", certainlyNotProcessed: true)), sentID: "9f1c0000-0000-4000-8000-000000000001", latencyMs: 0)
+        #expect(unsent.apnsID == nil)
     }
 }
