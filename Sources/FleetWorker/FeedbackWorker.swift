@@ -136,8 +136,13 @@ public final class FeedbackWorker: Service, Sendable {
             events.append(event)
         }
         if !events.isEmpty {
-            // Cancelled before Kafka took them: left unfinished, redone.
-            guard await publishing.run({ await publishNews(events) }) != nil else { return }
+            // Cancelled before Kafka took them (or while waiting for the turn: a forced stop
+            // need not wait out another round of publishing): left unfinished, redone.
+            let published = await publishing.run { () async -> Int? in
+                guard !Task.isCancelled else { return nil }
+                return await publishNews(events)
+            }
+            guard published != nil else { return }
         }
         consumer.markFinished(batch)
     }
