@@ -92,6 +92,9 @@ struct JobIntakeTests {
         let header = results(#"{"aps":{}}"#, headers: [RecordHeader("apns-token", "not-hex"), RecordHeader("meta", #"{"campaign":"z"}"#), RecordHeader("app", "shop")])
         #expect(header.first?.meta?.description == #"{"campaign":"z"}"#)
         #expect(header.first?.app == "shop")
+        // Header-encoded but missing apns-token: the value is still an APNs payload, whose own keys are not the job's.
+        let noToken = results(#"{"aps":{},"meta":{"campaign":"payload's"},"topic":"com.payload"}"#, headers: [RecordHeader("apns-topic", "com.shop")])
+        #expect(noToken.first?.meta == nil && noToken.first?.topic == "com.shop")
     }
 
     @Test("a header-encoded job refused is named by its record, not by keys of its APNs payload")

@@ -1,7 +1,3 @@
-/// Decodes and validates jobs in either encoding.
-///
-/// Every rejection is a `JobRejection` whose reason names the field and the problem; no input
-/// makes it trap. The payload is checked in place and kept as the producer's own bytes.
 /// The fields of an unusable job that its `invalid` results still carry (see
 /// ``JobDecoder/bestEffortContext(value:headers:)``).
 public struct JobContext: Sendable, Hashable {
@@ -16,6 +12,10 @@ public struct JobContext: Sendable, Hashable {
     }
 }
 
+/// Decodes and validates jobs in either encoding.
+///
+/// Every rejection is a `JobRejection` whose reason names the field and the problem; no input
+/// makes it trap. The payload is checked in place and kept as the producer's own bytes.
 public struct JobDecoder: Sendable {
     public struct Limits: Sendable, Hashable {
         /// Most tokens one fan-out job may carry. Default: 1000.
@@ -340,7 +340,9 @@ public struct JobDecoder: Sendable {
             else { return nil }
             return RawJSON(bytes: bytes[range])
         }
-        if headers.contains(where: { $0.key == Self.tokenHeader }) {
+        // Any header of the header encoding (even without apns-token) means the value is an APNs
+        // payload, whose own `topic` or `meta` keys say nothing about the job.
+        if headers.contains(where: { HeaderKey(name: $0.key) != nil }) {
             for header in headers {
                 guard let key = HeaderKey(name: header.key), let text = header.text else { continue }
                 switch key {
