@@ -89,6 +89,13 @@ struct FleetConfigurationDecoder {
             throw ConfigurationError(key: "retry.in-process-attempts", "is larger than retry.max-attempts (\(configuration.retry.maxAttempts))")
         }
         if configuration.retry.baseDelayMilliseconds > configuration.retry.maxDelayMilliseconds {
+            // Blame the key that was set: a lone max-delay below the default base is its own mistake.
+            if try string("retry.base-delay-ms") == nil {
+                throw ConfigurationError(
+                    key: "retry.max-delay-ms",
+                    "is smaller than retry.base-delay-ms (\(configuration.retry.baseDelayMilliseconds), the default); lower that too"
+                )
+            }
             throw ConfigurationError(
                 key: "retry.base-delay-ms",
                 "is larger than retry.max-delay-ms (\(configuration.retry.maxDelayMilliseconds)); every delay would be the maximum"
@@ -235,7 +242,7 @@ struct FleetConfigurationDecoder {
         // jobs go to Apple over HTTP/2: refused, as host and port are above.
         if transport == .http2 {
             try refuseIgnored(
-                ["legacy-gateway", "legacy-format", "legacy-quiet-period-ms"].map(key),
+                ["legacy-gateway", "legacy-format", "legacy-quiet-period-ms", "legacy-error-reconnects-per-second"].map(key),
                 because: "\(key("protocol")) is http2 (only the binary interface sends through the legacy gateway)"
             )
         }
@@ -269,6 +276,7 @@ struct FleetConfigurationDecoder {
         )
         app.legacyFormat = legacyFormat
         app.legacyQuietPeriodMilliseconds = try int(key("legacy-quiet-period-ms"), default: 1000, range: 10...60_000)
+        app.legacyErrorReconnectsPerSecond = try int(key("legacy-error-reconnects-per-second"), default: 5, range: 1...1000)
         return app
     }
 

@@ -32,7 +32,10 @@ enum UnknownKeys {
                 _ = try JSONSerialization.jsonObject(with: data)
                 // The exact parser keeps a name given twice, which Foundation's reader drops
                 // silently, and tells `true` from 1 for an integer key.
-                let value = try JSONParser.parse(Array(data))
+                // A byte-order mark (Windows editors write one) is not JSON; Foundation skips it.
+                var bytes = Array(data)
+                if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes.removeFirst(3) }
+                let value = try JSONParser.parse(bytes)
                 file.keys = flatten(json: value, prefix: nil)
                 jsonValueProblems(value, prefix: nil, into: &file.valueProblems)
             } else {

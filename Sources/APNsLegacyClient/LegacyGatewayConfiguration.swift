@@ -45,7 +45,7 @@ public struct LegacyGatewayConfiguration: Sendable {
     /// say), per connection slot: the protocol closes the connection after each, and a stale
     /// token list, or a certificate for the other environment that makes every token invalid,
     /// would otherwise reconnect once per notification, which Apple treats as an attack.
-    /// Default: 10 at once, then one per 200 ms (5 a second).
+    /// Default: 10 at once, then one per 200 ms (5 a second; `app.<name>.legacy-error-reconnects-per-second`).
     public var errorReconnects = ReconnectPacer.Rate(burst: 10, interval: .milliseconds(200))
     /// On shutdown, how long written notifications may wait for their quiet period. Default: 5 s.
     public var drainTimeout: Duration = .seconds(5)
@@ -75,6 +75,7 @@ public struct LegacyGatewayConfiguration: Sendable {
         configuration.connections = app.connections
         configuration.format = app.legacyFormat
         configuration.quietPeriod = .milliseconds(app.legacyQuietPeriodMilliseconds)
+        configuration.errorReconnects = ReconnectPacer.Rate(burst: 10, interval: .seconds(1) / max(1, app.legacyErrorReconnectsPerSecond))
         // A drain shorter than the quiet period would re-send every written notification.
         configuration.drainTimeout = max(configuration.drainTimeout, configuration.quietPeriod + .seconds(1))
         return configuration

@@ -42,6 +42,7 @@ private let yaml = """
         legacy-tls: false
         legacy-format: simple
         legacy-quiet-period-ms: 250
+        legacy-error-reconnects-per-second: 40
     worker:
       max-in-flight: 5000
     retry:
@@ -83,6 +84,7 @@ struct ConfigurationLoaderTests {
         #expect(legacy.endpoint == .custom(host: "127.0.0.1", port: 8443, caFile: nil))
         #expect(legacy.transport == .binary)
         #expect(legacy.legacyFormat == .simple && legacy.legacyQuietPeriodMilliseconds == 250)
+        #expect(legacy.legacyErrorReconnectsPerSecond == 40 && example.legacyErrorReconnectsPerSecond == 5)
         #expect(example.legacyFormat == .enhanced && example.legacyQuietPeriodMilliseconds == 1000)
         #expect(example.legacyFeedback == nil, "a token app gets no legacy endpoint by default")
         #expect(legacy.legacyGateway == LegacyEndpoint(host: "127.0.0.1", port: 2295, tls: false))
@@ -265,6 +267,10 @@ struct ConfigurationLoaderTests {
              "configuration key 'app.a.legacy-feedback': must be host:port, or [IPv6 address]:port, got \"gw host:99\""),
             (["APNS_FLEET_RETRY_BASE_DELAY_MS": "600000", "APNS_FLEET_RETRY_MAX_DELAY_MS": "100"],
              "configuration key 'retry.base-delay-ms': is larger than retry.max-delay-ms (100); every delay would be the maximum"),
+            (["APNS_FLEET_RETRY_MAX_DELAY_MS": "50"],
+             "configuration key 'retry.max-delay-ms': is smaller than retry.base-delay-ms (100, the default); lower that too"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_LEGACY_ERROR_RECONNECTS_PER_SECOND": "50"],
+             "configuration key 'app.a.legacy-error-reconnects-per-second': is set but not used: app.a.protocol is http2 (only the binary interface sends through the legacy gateway)"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG"],
              "configuration key 'app.a.key-id': is set but not used: app.a.auth is certificate"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_PKCS12_FILE": "/c.p12", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem"],
@@ -297,6 +303,9 @@ struct ConfigurationLoaderTests {
         let yaml = try temporaryFile("fleet.yaml", "admin:\n  port: 9464\nadmin.port: 9500\n")
         let yamlError = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: yaml).load() }
         #expect(yamlError?.description.hasPrefix("configuration key 'admin.port': is given twice in \(yaml)") == true, "\(yamlError.map { "\($0)" } ?? "")")
+        // A byte-order mark, as Windows editors write, is not a reason to refuse the file.
+        let marked = try temporaryFile("fleet.json", "\u{FEFF}" + #"{"admin": {"port": 9501}}"#)
+        #expect(try await ConfigurationLoader(filePath: marked).load().admin.port == 9501)
         // A top-level x-* key holds shared values (YAML anchors), in JSON as in YAML: not a setting.
         let shared = try temporaryFile("fleet.json", #"{"x-common": {"anything": 1}, "admin": {"port": 9500}}"#)
         #expect(try await ConfigurationLoader(filePath: shared).load().admin.port == 9500)

@@ -280,6 +280,9 @@ public struct AppConfiguration: Sendable {
     public var legacyFormat: LegacyNotification.Format = .enhanced
     /// How long the gateway must stay silent before a binary notification counts as delivered. Default: 1 s.
     public var legacyQuietPeriodMilliseconds = 1000
+    /// Reconnects a second per connection, after a burst of ten, following error-responses that
+    /// blame a notification (each one closes the connection). Default: 5.
+    public var legacyErrorReconnectsPerSecond = 5
 
     public init(
         name: String,
