@@ -43,9 +43,9 @@ struct DeliveryPolicyTests {
     func deadlines() {
         let soon = now.seconds  // the deadline is now: a retry 100 ms later would be past it
         #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), deadline: soon)
-            == .finish(.expired, status: 503, reason: "ServiceUnavailable; deadline 2026-01-01T00:00:00.000Z passed before APNs accepted the notification"))
+            == .finish(.expired, status: 503, reason: "ServiceUnavailable; deadline 2026-01-01T00:00:00.000Z comes before the next attempt could (in 100 ms)"))
         #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), expiration: soon)
-            == .finish(.expired, status: 503, reason: "ServiceUnavailable; apns-expiration 2026-01-01T00:00:00.000Z passed before APNs accepted the notification"))
+            == .finish(.expired, status: 503, reason: "ServiceUnavailable; apns-expiration 2026-01-01T00:00:00.000Z comes before the next attempt could (in 100 ms)"))
         // apns-expiration 0 (now or never) does not stop the worker from retrying a moment later.
         #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), expiration: 0) == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
         #expect(after(1, .answered(status: 503, reason: .serviceUnavailable), deadline: soon + 60) == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))

@@ -97,7 +97,7 @@ public struct DeliveryPolicy: Sendable, Hashable {
         let delay = retry.delayMilliseconds(afterAttempt: attempt, jitter: jitter())
         let notBefore = UnixMillis(now().value + Int64(delay))
         if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), notBefore > cutoff {
-            return .finish(.expired, status: lastStatus, reason: "\(lastReason); \(Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff))")
+            return .finish(.expired, status: lastStatus, reason: "\(lastReason); \(Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff, nextAttemptIn: delay))")
         }
         if attempt < retry.inProcessAttempts {
             return .retryInProcess(afterMilliseconds: delay, lastReason: lastReason)
@@ -105,10 +105,13 @@ public struct DeliveryPolicy: Sendable, Hashable {
         return .retryLater(notBefore: notBefore, lastReason: lastReason)
     }
 
-    static func expiredReason(deadline: Int64?, expiration: Int64?, cutoff: UnixMillis) -> String {
-        if let deadline, UnixMillis(seconds: deadline) == cutoff {
-            return "deadline \(cutoff.rfc3339) passed before APNs accepted the notification"
+    /// Why a notification is expired: its cutoff passed, or (`nextAttemptIn`) would pass before
+    /// the backoff allows another attempt.
+    static func expiredReason(deadline: Int64?, expiration: Int64?, cutoff: UnixMillis, nextAttemptIn delay: Int? = nil) -> String {
+        let which = deadline.map { UnixMillis(seconds: $0) == cutoff } == true ? "deadline" : "apns-expiration"
+        if let delay {
+            return "\(which) \(cutoff.rfc3339) comes before the next attempt could (in \(delay) ms)"
         }
-        return "apns-expiration \(cutoff.rfc3339) passed before APNs accepted the notification"
+        return "\(which) \(cutoff.rfc3339) passed before APNs accepted the notification"
     }
 }
