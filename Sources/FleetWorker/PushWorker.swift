@@ -721,13 +721,15 @@ public final class PushWorker: Service, Sendable {
         // What its consumer would make of it (only a record handed back unread can be unusable).
         case .rejected(let rejected): return rejectionMessages(rejected, record: record)
         }
-        let lastReason = message.headers.text(RetryHeaders.lastReasonKey) ?? "none"
-        let reason = "\(lastReason); no retry: the retry topic refused the job's retry record (\(message.contentBytes) bytes) as too large for its max.message.bytes"
+        // Each token's own last answer where this worker made it (a fan-out job's tokens end on
+        // different answers); the record's, which names one of them, otherwise.
+        let recordReason = message.headers.text(RetryHeaders.lastReasonKey) ?? "none"
+        let why = "no retry: the retry topic refused the job's retry record (\(message.contentBytes) bytes) as too large for its max.message.bytes"
         Counter(label: "apns.worker.retries.refused", dimensions: [("app", job.appName)]).increment(by: job.tokens.count)
         return job.tokens.map { token in
-            resultMessage(noRetry(
-                token: token, of: job, progress: progress[token] ?? SendProgress(attempts: job.previousAttempts), reason: reason
-            ))
+            let tokenProgress = progress[token] ?? SendProgress(attempts: job.previousAttempts)
+            let lastReason = tokenProgress.last?.attempt.lastReason ?? recordReason
+            return resultMessage(noRetry(token: token, of: job, progress: tokenProgress, reason: "\(lastReason); \(why)"))
         }
     }
 }

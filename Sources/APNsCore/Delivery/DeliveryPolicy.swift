@@ -10,6 +10,14 @@ public enum AttemptResult: Sendable, Hashable {
         if case .notAnswered = self { return true }
         return false
     }
+
+    /// What a retry names as its last reason: APNs's reason, or the status, or why no answer came.
+    public var lastReason: String {
+        switch self {
+        case .answered(let status, let reason): reason?.rawValue ?? "HTTP \(status)"
+        case .notAnswered(let why): why
+        }
+    }
 }
 
 /// What to do next with a notification after an attempt, or before the first one.
@@ -82,9 +90,9 @@ public struct DeliveryPolicy: Sendable, Hashable {
                 return .finish(.rejected, status: status, reason: reason?.rawValue)
             }
             lastStatus = status
-            lastReason = reason?.rawValue ?? "HTTP \(status)"
-        case .notAnswered(let why):
-            lastReason = why
+            lastReason = result.lastReason
+        case .notAnswered:
+            lastReason = result.lastReason
         }
 
         // Past the job's cutoff the answer is that it expired, even on its last attempt.
