@@ -602,9 +602,12 @@ public final class PushWorker: Service, Sendable {
     /// The outcome when the job's deadline or expiration has already passed; nil to send.
     @inline(never)
     func finishedBeforeSending(_ job: JobInFlight, token: DeviceToken, progress: SendProgress) -> TokenOutcome? {
-        guard case .finish(let outcome, let status, let reason)? = policy.beforeSending(
+        guard case .finish(let outcome, let status, var reason)? = policy.beforeSending(
             now: now(), deadline: job.deadline, expiration: job.expiration, attemptsMade: progress.attempts
         ) else { return nil }
+        // A retry record finished before its first attempt here: the answer that sent it to the
+        // retry topic is the last word APNs had on it.
+        if progress.last == nil, let previous = job.accepted.previousReason { reason = reason.map { "\(previous); \($0)" } }
         logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: progress.attempts)
         return .finished(result(
             job, token: token, outcome: outcome, status: status, reason: reason,

@@ -146,6 +146,21 @@ struct RetryPathTests {
 }
 
 extension RetryPathTests {
+    @Test("a retry record consumed after its job's deadline is expired with the answer that sent it to the retry topic")
+    func retryRecordPastItsDeadline() async throws {
+        let fleet = try await InProcessFleet.start(behaviour: APNsSimulatorConfiguration.Behaviour(), retry: RetryPolicy(), maxInFlight: 10)
+        let token = InProcessFleet.token(7)
+        let deadline = Int(Date().timeIntervalSince1970) - 60
+        var record = fleet.retryRecord(token: token, notBefore: Int64(Date().timeIntervalSince1970 * 1000) - 1000)
+        record.value = Array(#"{"id":"later","token":"\#(token)","deadline":\#(deadline),"payload":{}}"#.utf8)
+        let outcome = try await fleet.run([record]) { results, _ in !results.isEmpty }
+        let result = try #require(outcome.results.first)
+        #expect(result.outcome == .expired)
+        #expect(result.reason?.hasPrefix("ServiceUnavailable; deadline ") == true, "\(result.reason ?? "")")
+        #expect(result.attempts == 1, "the attempt that was made before")
+        #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 0, "not sent")
+    }
+
     @Test("a job whose deadline passes while it waits for a stream is expired and never sent")
     func deadlinePassesWhileWaitingForAStream() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()

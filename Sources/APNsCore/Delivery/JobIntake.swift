@@ -8,6 +8,8 @@ public struct AcceptedJob: Sendable {
     public var previousAttempts: Int
     /// Not to be sent before this time (the `not-before` header of a retry record).
     public var notBefore: UnixMillis?
+    /// Why the previous attempt did not settle it (a retry record's `last-reason` header).
+    public var previousReason: String?
     /// The tokens still to send: all of them, or on a retry record only those the retry names.
     public var tokens: [DeviceToken]
 }
@@ -75,7 +77,7 @@ public struct JobIntake: Sendable {
                 )
                 return .accepted(AcceptedJob(
                     jobID: jobID, job: resolved, appName: configuration.apps[appIndex].name, source: source,
-                    previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, tokens: tokens
+                    previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, previousReason: retry?.lastReason, tokens: tokens
                 ))
             } catch {
                 // A retry record stands for the tokens it names: the job's others already have
