@@ -93,6 +93,9 @@ public struct APNsSimulatorConfiguration: Sendable {
         public static func isWellFormedGoAwayReason(_ reason: String) -> Bool {
             !reason.isEmpty && reason.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") }
         }
+        /// Answer as APNs's development (sandbox) server does: a 200 carries an `apns-unique-id`
+        /// for Apple's delivery log, which production never sends. Default: false (production).
+        public var development = false
         /// SETTINGS_MAX_CONCURRENT_STREAMS. Default: 1000 (what APNs usually sends).
         public var maxConcurrentStreams: UInt32 = 1000
         /// After a rejected notification, drop MAX_CONCURRENT_STREAMS to 1 until one is accepted. Default: false.
@@ -170,6 +173,8 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
     public var idleTimeoutSeconds: Int64?
     public var randomSeed: UInt64?
     public var dump: Bool?
+    /// "production" or "development".
+    public var environment: String?
 
     enum CodingKeys: String, CodingKey, CaseIterable {
         case host
@@ -200,6 +205,7 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
         case idleTimeoutSeconds = "idle_timeout_seconds"
         case randomSeed = "random_seed"
         case dump
+        case environment
     }
 
     public static func load(path: String) throws -> (file: APNsSimulatorConfigFile, directory: URL) {
@@ -277,6 +283,7 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
         if let idleTimeoutSeconds { configuration.behaviour.idleTimeout = .seconds(idleTimeoutSeconds) }
         if let randomSeed { configuration.behaviour.randomSeed = randomSeed }
         if let dump { configuration.dump = dump }
+        if let environment { configuration.behaviour.development = try APNsSimulatorConfiguration.isDevelopment(environment) }
         // Not validated here: the caller may still add what makes it whole (the command line's
         // certificate, or dropping the TLS ports when there is none); `start` validates.
     }
@@ -297,6 +304,15 @@ public struct APNsSimulatorConfigFile: Decodable, Sendable {
 }
 
 extension APNsSimulatorConfiguration {
+    /// `environment` as the config file or `--environment` gives it.
+    public static func isDevelopment(_ environment: String) throws -> Bool {
+        switch environment {
+        case "production": return false
+        case "development": return true
+        default: throw SimulatorConfigurationError("environment must be production or development, got \"\(environment.prefix(40))\"")
+        }
+    }
+
     /// Checks values that cannot work together.
     public func validate() throws {
         for (name, rate) in [("internal_server_error_rate", behaviour.internalServerErrorRate), ("service_unavailable_rate", behaviour.serviceUnavailableRate)] {

@@ -436,6 +436,10 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         case .generated(let uuid):
             responseHeaders.append("apns-id", valueCount: UUIDText.count, neverIndex: true) { uuid.write(into: $0) }
         }
+        if rejection == nil, context.configuration.behaviour.development {
+            let unique = RandomUUID(using: &random)
+            responseHeaders.append("apns-unique-id", valueCount: UUIDText.count, neverIndex: true) { unique.write(into: $0) }
+        }
         do {
             if let rejection {
                 var body = channel.allocator.buffer(capacity: 64)

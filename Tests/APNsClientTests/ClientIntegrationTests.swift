@@ -32,6 +32,21 @@ struct ClientIntegrationTests {
         }
     }
 
+    @Test("The development server's 200s carry an apns-unique-id; production's and every rejection do not")
+    func uniqueIDInDevelopment() async throws {
+        try await withPool(simulator: { $0.behaviour.development = true }) { pool, _, _ in
+            let delivered = await pool.send(Fixture.notification(), timeout: .seconds(20))
+            let unique = try #require(delivered.response?.apnsUniqueID)
+            #expect(unique.count == 36 && unique == unique.lowercased() && unique != delivered.response?.apnsID)
+            let rejected = await pool.send(Fixture.notification(token: Fixture.unregistered), timeout: .seconds(20))
+            #expect(rejected.status == 410 && rejected.response?.apnsUniqueID == nil)
+        }
+        try await withPool { pool, _, _ in
+            let delivered = await pool.send(Fixture.notification(), timeout: .seconds(20))
+            #expect(delivered.status == 200 && delivered.response?.apnsUniqueID == nil)
+        }
+    }
+
     @Test("410 carries APNs's timestamp in milliseconds")
     func unregistered() async throws {
         try await withPool { pool, _, _ in

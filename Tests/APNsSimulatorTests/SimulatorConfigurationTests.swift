@@ -57,6 +57,14 @@ struct SimulatorConfigurationTests {
         }
     }
 
+    @Test("environment: development makes the simulator answer as APNs's development server; production is the default")
+    func environment() throws {
+        #expect(try apply(#"{"environment": "development"}"#).behaviour.development)
+        #expect(try !apply(#"{"environment": "production"}"#).behaviour.development)
+        #expect(try !apply("{}").behaviour.development)
+        #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"environment": "sandbox"}"#) }
+    }
+
     @Test("a misspelt setting is refused, not silently left at its default")
     func unknownSetting() {
         #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"certificat_file": "server.pem"}"#) }

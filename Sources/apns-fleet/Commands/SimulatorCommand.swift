@@ -106,6 +106,9 @@ struct SimulatorCommand: AsyncParsableCommand {
     @Option(name: .customLong("max-concurrent-streams"), help: "SETTINGS_MAX_CONCURRENT_STREAMS. Default: 1000.")
     var maxConcurrentStreams: UInt32?
 
+    @Option(help: "production, or development to answer as APNs's development server does (200s carry apns-unique-id). Default: production.")
+    var environment: String?
+
     @Flag(name: .customLong("drop-to-one-stream-after-rejection"), help: "After a rejected notification allow one stream until one is accepted, as APNs does.")
     var dropToOneStreamAfterRejection = false
 
@@ -255,6 +258,7 @@ struct SimulatorCommand: AsyncParsableCommand {
         if let goAwayReason { configuration.behaviour.goAwayReason = goAwayReason }
         if let maxConcurrentStreams { configuration.behaviour.maxConcurrentStreams = maxConcurrentStreams }
         if dropToOneStreamAfterRejection { configuration.behaviour.dropToOneStreamAfterRejection = true }
+        if let environment { configuration.behaviour.development = try APNsSimulatorConfiguration.isDevelopment(environment) }
         if let latencyMilliseconds { configuration.behaviour.latency = .milliseconds(latencyMilliseconds) }
         if let latencyJitterMilliseconds { configuration.behaviour.latencyJitter = .milliseconds(latencyJitterMilliseconds) }
         if let idleTimeoutSeconds { configuration.behaviour.idleTimeout = .seconds(idleTimeoutSeconds) }
