@@ -62,6 +62,10 @@ public final class FeedbackWorker: Service, Sendable {
     private let ledger: Mutex<InvalidationLedger>
     private let publishing = TakingTurns()
     private let stopping = Atomic<Bool>(false)
+    /// Whether the process was asked to stop: its services stop in turn, this one only after the
+    /// consumer, and a poll started meanwhile would read tuples (which the service then forgets)
+    /// that might never be published.
+    private let stopRequested: @Sendable () -> Bool
     private let lastPolls = Mutex<[String: Bool]>([:])
 
     private let resultsRead = Counter(label: "apns.feedback.results")
@@ -73,8 +77,10 @@ public final class FeedbackWorker: Service, Sendable {
         consumer: KafkaConsumer,
         producer: KafkaProducer,
         feedbackServices: [FeedbackService],
-        logger: Logger
+        logger: Logger,
+        stopRequested: @escaping @Sendable () -> Bool = { false }
     ) {
+        self.stopRequested = stopRequested
         self.configuration = configuration
         self.consumer = consumer
         self.publisher = ReliablePublisher(producer: producer, logger: logger)
@@ -187,7 +193,7 @@ public final class FeedbackWorker: Service, Sendable {
 
     private func pollLoop() async {
         guard !services.isEmpty else { return }
-        func stopped() -> Bool { stopping.load(ordering: .relaxed) || Task.isCancelled }
+        func stopped() -> Bool { stopping.load(ordering: .relaxed) || stopRequested() || Task.isCancelled }
         while !stopped() {
             for service in services where !stopped() {
                 await poll(service)

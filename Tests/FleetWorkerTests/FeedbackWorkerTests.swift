@@ -211,6 +211,33 @@ struct FeedbackWorkerTests {
         await producer.shutdown(flushTimeout: .seconds(1))
     }
 
+    @Test("once a stop is asked for, no new poll starts, though the consumer (stopped first) still runs")
+    func noPollAfterAStopIsRequested() async throws {
+        let (cluster, consumer, producer, logger) = try Self.kafka(logLevel: .error)
+        defer { withExtendedLifetime(cluster) {} }
+        let polls = Shared(0)
+        let service = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _, _ in polls.update { $0 += 1 } }
+        let stop = Shared(false)
+        let worker = FeedbackWorker(
+            configuration: .init(topics: TopicNames(), pollInterval: .seconds(1), pollTimeout: .seconds(5), ledgerCapacity: 1000),
+            consumer: consumer, producer: producer, feedbackServices: [service], logger: logger,
+            stopRequested: { stop.value }
+        )
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await consumer.run() }
+            group.addTask { try await worker.run() }
+            try await waitUntil("the first poll", timeout: 30) { polls.value == 1 }
+            stop.update { $0 = true }
+            // Two more intervals: a poll due meanwhile would read tuples the service then forgets,
+            // while this worker may be stuck publishing (the case that matters) and never send them.
+            try await Task.sleep(for: .milliseconds(2500))
+            #expect(polls.value == 1, "\(polls.value) polls")
+            group.cancelAll()
+            try? await group.waitForAll()
+        }
+        await producer.shutdown(flushTimeout: .seconds(1))
+    }
+
     @Test("a forced stop while Kafka refuses the events: the lost count is logged as an error, with no promise of a next poll")
     func forcedStopReportsLostEvents() async throws {
         let (cluster, consumer, producer, _) = try Self.kafka(logLevel: .critical)

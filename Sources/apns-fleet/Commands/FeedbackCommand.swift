@@ -49,7 +49,8 @@ struct FeedbackCommand: AsyncParsableCommand {
                 pollTimeout: max(.seconds(5), min(.seconds(30), .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 500)))),
                 ledgerCapacity: fleet.feedback.ledgerCapacity
             ),
-            consumer: consumer, producer: producer, feedbackServices: services, logger: logger
+            consumer: consumer, producer: producer, feedbackServices: services, logger: logger,
+            stopRequested: { [shuttingDown = process.shuttingDown] in shuttingDown.isSet }
         )
         let registry = process.registry
         let admin = AdminServer(

@@ -28,6 +28,9 @@ struct FleetProcess {
     let fleet: FleetConfiguration
     let logger: Logger
     let registry: PrometheusCollectorRegistry
+    /// Set by the first SIGTERM or SIGINT: services that start new work on their own (the
+    /// feedback worker's polls) stop doing so at once, before their turn in the shutdown order.
+    let shuttingDown = ShutdownFlag()
     /// `worker.id`, or one made from the host name and pid.
     let processID: String
 
@@ -58,7 +61,7 @@ struct FleetProcess {
     /// bounded by `worker.drain-timeout-seconds` plus a margin, then cancellation takes over.
     /// A service's error ends the process here, with that error's exit status.
     func run(_ services: [any Service]) async {
-        let shuttingDown = ShutdownFlag()
+        let shuttingDown = self.shuttingDown
         let logger = self.logger
         var configuration = ServiceGroupConfiguration(
             services: services.map { .init(service: ExitOnFailure(base: $0, shuttingDown: shuttingDown, logger: logger)) },
