@@ -197,7 +197,19 @@ struct FleetConfigurationDecoder {
             throw ConfigurationError(key: prefix, "\(error)")
         }
 
+        let transport: AppConfiguration.TransportProtocol = try choice(key("protocol"), default: .http2)
+        if transport == .binary, case .token = authentication {
+            throw ConfigurationError(key: key("protocol"), "the binary interface needs certificate auth (set \(key("auth")) to certificate)")
+        }
         let environmentName = try string(key("environment")) ?? "production"
+        // A binary app sends through its legacy gateway: a custom host and port, taken for the
+        // gateway's, would be ignored.
+        if transport == .binary, environmentName == "custom" {
+            throw ConfigurationError(
+                key: key("environment"),
+                "is custom, which protocol binary ignores: it sends through \(key("legacy-gateway")); leave \(key("environment")), \(key("host")) and \(key("port")) out"
+            )
+        }
         if environmentName == "production" || environmentName == "sandbox" {
             // Without `environment: custom` these would be ignored and the jobs would go to
             // Apple: a simulator's host and port left in a configuration must not do that.
@@ -220,10 +232,6 @@ struct FleetConfigurationDecoder {
             throw ConfigurationError(key: key("environment"), "is \"\(environmentName.prefix(40))\"; expected production, sandbox or custom")
         }
 
-        let transport: AppConfiguration.TransportProtocol = try choice(key("protocol"), default: .http2)
-        if transport == .binary, case .token = authentication {
-            throw ConfigurationError(key: key("protocol"), "the binary interface needs certificate auth (set \(key("auth")) to certificate)")
-        }
         let legacyTLS = try bool(key("legacy-tls"), default: true)
         let legacyCA = try string(key("ca-file"))
         // No defaults: Apple ended its binary interface and feedback service (gateway and

@@ -33,9 +33,6 @@ private let yaml = """
         auth: certificate
         certificate-file: /secrets/legacy.pem
         private-key-file: /secrets/legacy.key
-        environment: custom
-        host: 127.0.0.1
-        port: 8443
         protocol: binary
         legacy-gateway: 127.0.0.1:2295
         legacy-feedback: 127.0.0.1:2296
@@ -81,7 +78,7 @@ struct ConfigurationLoaderTests {
         #expect(example.connections == 4)
         #expect(example.topics == ["com.example.app", "com.example.app.voip"])
         let legacy = try #require(configuration.app(named: "legacy"))
-        #expect(legacy.endpoint == .custom(host: "127.0.0.1", port: 8443, caFile: nil))
+        #expect(legacy.endpoint == .production)
         #expect(legacy.transport == .binary)
         #expect(legacy.legacyFormat == .simple && legacy.legacyQuietPeriodMilliseconds == 250)
         #expect(legacy.legacyErrorReconnectsPerSecond == 40 && example.legacyErrorReconnectsPerSecond == 5)
@@ -218,6 +215,9 @@ struct ConfigurationLoaderTests {
             (["APNS_FLEET_APPS": "a,a"], "configuration key 'apps': app a is listed twice"),
             (["APNS_FLEET_APPS": "foo,foo-private"],
              "configuration key 'apps': app.foo.private-key-file and app.foo-private.key-file would both be read from APNS_FLEET_APP_FOO_PRIVATE_KEY_FILE; rename one of the apps"),
+            (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_PROTOCOL": "binary",
+              "APNS_FLEET_APP_A_LEGACY_GATEWAY": "127.0.0.1:2295", "APNS_FLEET_APP_A_ENVIRONMENT": "custom"],
+             "configuration key 'app.a.environment': is custom, which protocol binary ignores: it sends through app.a.legacy-gateway; leave app.a.environment, app.a.host and app.a.port out"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_PROTOCOL": "binary"],
              "configuration key 'app.a.legacy-gateway': is required for protocol binary (Apple's own binary gateway closed on 31 March 2021; use protocol http2 for Apple)"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem", "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem",
