@@ -168,6 +168,13 @@ struct FleetBench {
             record.set("peak_rss_mb", Double(usages.compactMap { $0?.peakResidentKilobytes }.max() ?? 0) / 1024, decimals: 1)
             record.set("lost", expected - snapshot.notificationsSeen)
             record.set("duplicates", snapshot.duplicates)
+            // A result other than the one expected (a timeout under overload, say) still counts in
+            // the rates and CPU above: the run says how many there were, and which.
+            record.set("wrong_outcomes", snapshot.mismatches)
+            if snapshot.mismatches > 0 {
+                FileHandle.standardError.write(Data(("bench: \(snapshot.mismatches) results had an outcome other than expected, e.g.\n"
+                    + snapshot.mismatchExamples.prefix(3).map { "  \($0)\n" }.joined()).utf8))
+            }
             if let rate = settings.rate { record.set("publish_rate", rate, decimals: 0) }
             if let latency = settings.apnsLatencyMs { record.set("apns_latency_ms", latency) }
             if let steal = HostCPUTimes.stealPercent(since: hostAtStart) {
