@@ -78,6 +78,7 @@ struct DemoCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        SpawnedProcess.stopChildrenOnSignal()
         let runID = String(UInt32.random(in: 0...UInt32.max), radix: 36)
         var logger = Logger(label: "apns-fleet.demo") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = .error

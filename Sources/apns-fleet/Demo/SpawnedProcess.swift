@@ -1,8 +1,16 @@
 import Foundation
+import Synchronization
+import UnixSignals
 
 /// An `apns-fleet` subcommand started as its own process, with its output in a log file, as an
 /// operator would run it. The demo and the benchmarks build their fleets from these.
+///
+/// Each child runs in a process group of its own, so Ctrl-C reaches only the parent: call
+/// ``stopChildrenOnSignal()`` first, or an interrupted demo leaves kafka-dev, the simulator and
+/// the workers running.
 final class SpawnedProcess {
+    /// The children still running, by pid, for a signal to stop.
+    private static let running = Mutex<Set<Int32>>([])
     let name: String
     let logPath: String
     private let process = Process()
@@ -20,10 +28,45 @@ final class SpawnedProcess {
         process.standardError = log
         process.standardInput = FileHandle.nullDevice
         if let environment { process.environment = environment }
+        process.terminationHandler = { process in
+            _ = Self.running.withLock { $0.remove(process.processIdentifier) }
+        }
         do {
             try process.run()
         } catch {
             throw CommandFailure("cannot start \(name): \(error)")
+        }
+        let pid = process.processIdentifier
+        Self.running.withLock { _ = $0.insert(pid) }
+        // It may have ended already, its handler run before the insert: its pid is free again.
+        if !process.isRunning { Self.running.withLock { _ = $0.remove(pid) } }
+    }
+
+    /// On SIGINT or SIGTERM: SIGTERM to every child still running, SIGKILL to those still
+    /// there after `grace` (or at once on a second signal), then exit with 128 + the signal.
+    static func stopChildrenOnSignal(grace: Duration = .seconds(10)) {
+        Task.detached {
+            let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
+            var first: UnixSignal?
+            for await signal in signals {
+                let pids = running.withLock { $0 }
+                if first == nil {
+                    first = signal
+                    FileHandle.standardError.write(Data("\n\(signal): stopping the \(pids.count) processes started (again to kill them at once)\n".utf8))
+                    for pid in pids { Foundation.kill(pid, SIGTERM) }
+                    Task.detached {
+                        let deadline = ContinuousClock.now + grace
+                        while ContinuousClock.now < deadline, !running.withLock({ $0.isEmpty }) {
+                            try? await Task.sleep(for: .milliseconds(50))
+                        }
+                        for pid in running.withLock({ $0 }) { Foundation.kill(pid, SIGKILL) }
+                        exit(128 + signal.rawValue)
+                    }
+                } else {
+                    for pid in pids { Foundation.kill(pid, SIGKILL) }
+                    exit(128 + (first ?? signal).rawValue)
+                }
+            }
         }
     }
 

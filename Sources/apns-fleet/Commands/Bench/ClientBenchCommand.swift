@@ -51,6 +51,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        SpawnedProcess.stopChildrenOnSignal()
         let directory = URL(fileURLWithPath: dir).standardizedFileURL.path
         let logs = (directory as NSString).appendingPathComponent("logs")
         try FileManager.default.createDirectory(atPath: logs, withIntermediateDirectories: true)

@@ -95,6 +95,7 @@ struct E2EBenchCommand: AsyncParsableCommand {
     var workers = 1
 
     func run() async throws {
+        SpawnedProcess.stopChildrenOnSignal()
         let bench = FleetBench(settings: try options.settings(workers: workers))
         let output = BenchOutput(markdownPath: options.markdown, title: "e2e: \(workers) worker(s), \(options.jobs) jobs", columns: FleetBenchOptions.columns)
         var records: [BenchRecord] = []
@@ -129,6 +130,7 @@ struct ScalingBenchCommand: AsyncParsableCommand {
     var workers = "1,2,3"
 
     func run() async throws {
+        SpawnedProcess.stopChildrenOnSignal()
         let counts = workers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         guard !counts.isEmpty, counts.allSatisfy({ $0 > 0 && $0 <= options.partitions }) else {
             throw ValidationError("--workers must list counts from 1 to the partition count (\(options.partitions))")
