@@ -164,8 +164,9 @@ extension RetryPathTests {
     @Test("a job whose deadline passes while it waits for a stream is expired and never sent")
     func deadlinePassesWhileWaitingForAStream() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
-        // One stream, held for 6 s by the first job: the second waits for it past its deadline.
-        behaviour.latency = .seconds(6)
+        // One stream, held for 8 s by the first job (below the 10 s request timeout): the second
+        // waits for it past its deadline.
+        behaviour.latency = .seconds(8)
         behaviour.maxConcurrentStreams = 1
         let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10)
         let simulator = fleet.backends.simulator
@@ -174,9 +175,10 @@ extension RetryPathTests {
         let outcome = try await fleet.run([first]) { results, _ in
             if !published.value, simulator.counters.snapshot().totals.requests == 1 {
                 published.update { $0 = true }
-                // Whole seconds: 2–3 s from now (time to be consumed and queue for the stream),
-                // well inside the first job's 6 s.
-                let deadline = Int(Date().timeIntervalSince1970) + 3
+                // Whole seconds: 4–5 s from now (time to be consumed and queue for the stream,
+                // even on a loaded machine; 2–3 s was once too little), well inside the first
+                // job's 8 s.
+                let deadline = Int(Date().timeIntervalSince1970) + 5
                 try await fleet.publish(fleet.job(#"{"id":"late","token":"\#(InProcessFleet.token(2))","deadline":\#(deadline),"payload":{}}"#))
             }
             return results.count >= 2
