@@ -1,5 +1,7 @@
 import FleetTestSupport
 import Foundation
+import NIOCore
+import NIOPosix
 import Testing
 
 /// `apns-fleet demo` started as a user starts it, then interrupted: its processes must not
@@ -10,26 +12,45 @@ struct DemoInterruptTests {
     func interruptStopsTheFleet() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("demo-interrupt-\(UUID().uuidString.prefix(8))").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let metricsPort = try RefusingPort()
-        let port = metricsPort.port
-        metricsPort.release()
+        let port = try await Self.twoFreePorts()
         let demo = ChildProcess("/bin/sh", [
             "-c", #"exec "$0" demo --dir "$1" --jobs 1000000 --rate 2000 --metrics-port "$2" 2>&1"#,
             try apnsFleetBinary(), directory, String(port),
         ])
         try demo.start()
         defer { demo.kill() }
-        try await waitUntil("the demo's fleet to be up", timeout: 90) {
-            demo.lines.value.contains { $0.contains("While it runs, look at") }
+        try await waitUntil("the demo's fleet to be up (or the demo to exit)", timeout: 90) {
+            demo.lines.value.contains { $0.contains("While it runs, look at") } || !demo.process.isRunning
         }
+        try #require(demo.process.isRunning, "the demo exited before its fleet was up: \(demo.lines.value.suffix(8))")
         let started = Self.processes(mentioning: directory)
         #expect(started.count >= 4, "kafka-dev, the simulator, a worker and the feedback worker: \(started)")
         kill(demo.process.processIdentifier, SIGINT)
         let status = try await demo.waitForExit(timeout: 60)
         #expect(status == 130, "exit status \(status); output ends: \(demo.lines.value.suffix(5))")
+        // The processes it stopped on purpose are not reported as having failed.
+        #expect(!demo.lines.value.contains { $0.contains("exited") || $0.contains("FAIL") }, "\(demo.lines.value.suffix(8))")
         let left = Self.processes(mentioning: directory)
         #expect(left.isEmpty, "still running after the demo exited: \(left)")
         for pid in left { kill(pid, SIGKILL) }
+    }
+
+    /// A port whose next one is free too (the push worker's admin port and the feedback
+    /// worker's), below the ephemeral range, where a parallel test's connection would take
+    /// the next port soon after.
+    static func twoFreePorts() async throws -> Int {
+        for _ in 0..<50 {
+            let port = Int.random(in: 20_000..<32_000)
+            var bound: [any Channel] = []
+            for candidate in [port, port + 1] {
+                if let channel = try? await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton).bind(host: "127.0.0.1", port: candidate).get() {
+                    bound.append(channel)
+                }
+            }
+            for channel in bound { try? await channel.close() }
+            if bound.count == 2 { return port }
+        }
+        throw TestSetupError("no two consecutive free ports found between 20000 and 32000")
     }
 
     /// Processes whose command line names `text` (the demo's directory is in every child's).

@@ -78,7 +78,7 @@ struct DemoCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        SpawnedProcess.stopChildrenOnSignal()
+        await SpawnedProcess.stopChildrenOnSignal()
         let runID = String(UInt32.random(in: 0...UInt32.max), radix: 36)
         var logger = Logger(label: "apns-fleet.demo") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = .error
@@ -98,10 +98,13 @@ struct DemoCommand: AsyncParsableCommand {
                 """)
             let run = try DemoRun(bootstrap: fleet.bootstrap, embeddedKafka: fleet.embeddedKafka, topics: fleet.topics, runID: runID, logger: logger)
             let outcome = try await run.execute(jobs: jobs, generator: fleet.generator, rate: rate, timeout: .seconds(timeout), processes: fleet.processes)
+            // Interrupted, the processes it found gone were stopped on purpose: no report.
+            await SpawnedProcess.holdIfInterrupted()
             await fleet.stop()
             print(outcome.report)
             if !outcome.passed { throw ExitCode(1) }
         } catch {
+            await SpawnedProcess.holdIfInterrupted()
             fleet.kill()
             throw error
         }

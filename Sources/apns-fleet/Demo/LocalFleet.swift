@@ -131,6 +131,7 @@ struct LocalFleet {
                 pushWorkerAdminPorts: adminPorts, processes: processes, pushWorkers: pushWorkers
             )
         } catch {
+            await SpawnedProcess.holdIfInterrupted()
             for process in processes { process.kill() }
             throw error
         }

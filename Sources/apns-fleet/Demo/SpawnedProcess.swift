@@ -42,13 +42,19 @@ final class SpawnedProcess {
         if !process.isRunning { Self.running.withLock { _ = $0.remove(pid) } }
     }
 
+    /// Set by the first SIGINT or SIGTERM: children then end because they were asked to, which
+    /// the run must not report as a failure (see ``holdIfInterrupted()``).
+    private static let interrupted = Atomic<Bool>(false)
+
     /// On SIGINT or SIGTERM: SIGTERM to every child still running, SIGKILL to those still
     /// there after `grace` (or at once on a second signal), then exit with 128 + the signal.
-    static func stopChildrenOnSignal(grace: Duration = .seconds(10)) {
+    /// The signals are trapped before this returns.
+    static func stopChildrenOnSignal(grace: Duration = .seconds(10)) async {
+        let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
         Task.detached {
-            let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
             var first: UnixSignal?
             for await signal in signals {
+                interrupted.store(true, ordering: .sequentiallyConsistent)
                 let pids = running.withLock { $0 }
                 if first == nil {
                     first = signal
@@ -60,14 +66,28 @@ final class SpawnedProcess {
                             try? await Task.sleep(for: .milliseconds(50))
                         }
                         for pid in running.withLock({ $0 }) { Foundation.kill(pid, SIGKILL) }
-                        exit(128 + signal.rawValue)
+                        exitNow(128 + signal.rawValue)
                     }
                 } else {
                     for pid in pids { Foundation.kill(pid, SIGKILL) }
-                    exit(128 + (first ?? signal).rawValue)
+                    exitNow(128 + (first ?? signal).rawValue)
                 }
             }
         }
+    }
+
+    /// After an interruption, never returns: the signal's task ends the process once the
+    /// children are gone. Call it where a child found gone (or an error) would be reported.
+    static func holdIfInterrupted() async {
+        while interrupted.load(ordering: .sequentiallyConsistent) {
+            try? await Task.sleep(for: .seconds(1))
+        }
+    }
+
+    /// Without unwinding (or racing the run's own exit): the output so far is flushed first.
+    private static func exitNow(_ status: Int32) -> Never {
+        fflush(nil)
+        _exit(status)
     }
 
     /// The running binary, so children are the same build as the parent.
@@ -96,6 +116,7 @@ final class SpawnedProcess {
         while ContinuousClock.now < deadline {
             if let line = log.split(separator: "\n").first(where: { $0.contains(text) }) { return String(line) }
             guard isRunning else {
+                await Self.holdIfInterrupted()
                 throw CommandFailure("\(name) exited (status \(process.terminationStatus)) before it was ready; its log (\(logPath)) ends:\n\(logTail())")
             }
             try await Task.sleep(for: .milliseconds(100))

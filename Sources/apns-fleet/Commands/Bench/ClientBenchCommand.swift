@@ -51,7 +51,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        SpawnedProcess.stopChildrenOnSignal()
+        await SpawnedProcess.stopChildrenOnSignal()
         let directory = URL(fileURLWithPath: dir).standardizedFileURL.path
         let logs = (directory as NSString).appendingPathComponent("logs")
         try FileManager.default.createDirectory(atPath: logs, withIntermediateDirectories: true)
@@ -72,7 +72,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
             markdownPath: markdown,
             title: "client: \(connections) connection(s), \(concurrency) in flight\(rttMs.map { ", \($0) ms RTT" } ?? "")",
             columns: [("run", "run"), ("notifications/s", "notifications_per_second"), ("client CPU µs/notification", "cpu_us_per_notification"),
-                      ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("peak RSS MB", "peak_rss_mb"), ("efficiency %", "efficiency_percent")]
+                      ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("peak RSS MiB", "peak_rss_mb"), ("efficiency %", "efficiency_percent")]
         )
         var records: [BenchRecord] = []
         for index in 1...runs {
@@ -88,6 +88,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
                 logPath: logPath
             )
             let status = await send.wait(timeout: .seconds(1800))
+            if status != 0 { await SpawnedProcess.holdIfInterrupted() }
             guard status == 0, let line = send.log.split(separator: "\n").first(where: { $0.hasPrefix("{") }),
                 let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
             else {

@@ -43,6 +43,7 @@ struct FleetBench {
             await fleet.stop()
             return record
         } catch {
+            await SpawnedProcess.holdIfInterrupted()
             fleet.kill()
             throw error
         }

@@ -66,7 +66,7 @@ struct FleetBenchOptions: ParsableArguments {
     static let columns: [(String, String)] = [
         ("run", "run"), ("workers", "workers"), ("notifications/s", "notifications_per_second"),
         ("per worker/s", "per_worker_notifications_per_second"), ("worker CPU µs/notification", "worker_cpu_us_per_notification"),
-        ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("peak RSS MB", "peak_rss_mb"), ("lost", "lost"), ("duplicates", "duplicates"),
+        ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("peak RSS MiB", "peak_rss_mb"), ("lost", "lost"), ("duplicates", "duplicates"), ("wrong outcomes", "wrong_outcomes"),
     ]
 }
 
@@ -95,7 +95,7 @@ struct E2EBenchCommand: AsyncParsableCommand {
     var workers = 1
 
     func run() async throws {
-        SpawnedProcess.stopChildrenOnSignal()
+        await SpawnedProcess.stopChildrenOnSignal()
         let bench = FleetBench(settings: try options.settings(workers: workers))
         let output = BenchOutput(markdownPath: options.markdown, title: "e2e: \(workers) worker(s), \(options.jobs) jobs", columns: FleetBenchOptions.columns)
         var records: [BenchRecord] = []
@@ -130,7 +130,7 @@ struct ScalingBenchCommand: AsyncParsableCommand {
     var workers = "1,2,3"
 
     func run() async throws {
-        SpawnedProcess.stopChildrenOnSignal()
+        await SpawnedProcess.stopChildrenOnSignal()
         let counts = workers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         guard !counts.isEmpty, counts.allSatisfy({ $0 > 0 && $0 <= options.partitions }) else {
             throw ValidationError("--workers must list counts from 1 to the partition count (\(options.partitions))")
