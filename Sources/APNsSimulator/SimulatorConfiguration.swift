@@ -308,8 +308,9 @@ extension APNsSimulatorConfiguration {
     public static func isDevelopment(_ environment: String) throws -> Bool {
         switch environment {
         case "production": return false
-        case "development": return true
-        default: throw SimulatorConfigurationError("environment must be production or development, got \"\(environment.prefix(40))\"")
+        // The fleet's configuration calls the development environment "sandbox".
+        case "development", "sandbox": return true
+        default: throw SimulatorConfigurationError("environment must be production or development (sandbox), got \"\(environment.prefix(40))\"")
         }
     }
 

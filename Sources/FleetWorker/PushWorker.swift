@@ -619,6 +619,10 @@ public final class PushWorker: Service, Sendable {
     /// or wait and retry in process.
     @inline(never)
     func afterSending(_ sent: SendResult, job: JobInFlight, token: DeviceToken, sendBy: NIODeadline, progress: inout SendProgress) -> NextStep {
+        var sent = sent
+        // Every in-process attempt carries the same apns-id: one never written after one APNs may
+        // have taken keeps that one's id for the result.
+        if sent.apnsID == nil { sent.apnsID = progress.last?.apnsID }
         progress.last = sent
         progress.totalLatency += sent.latencyMs
         let attempt = progress.attempts

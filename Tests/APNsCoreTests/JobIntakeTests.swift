@@ -92,6 +92,9 @@ struct JobIntakeTests {
         let header = results(#"{"aps":{}}"#, headers: [RecordHeader("apns-token", "not-hex"), RecordHeader("meta", #"{"campaign":"z"}"#), RecordHeader("app", "shop")])
         #expect(header.first?.meta?.description == #"{"campaign":"z"}"#)
         #expect(header.first?.app == "shop")
+        // A JSON job's retry record carries a job-id header: still an envelope, its fields still read.
+        let retried = results(#"{"tokens":["zz"],"app":"shop","meta":{"campaign":"r"},"payload":{}}"#, headers: [RecordHeader("job-id", "j7")])
+        #expect(retried.first?.meta?.description == #"{"campaign":"r"}"# && retried.first?.app == "shop")
         // Header-encoded but missing apns-token: the value is still an APNs payload, whose own keys are not the job's.
         let noToken = results(#"{"aps":{},"meta":{"campaign":"payload's"},"topic":"com.payload"}"#, headers: [RecordHeader("apns-topic", "com.shop")])
         #expect(noToken.first?.meta == nil && noToken.first?.topic == "com.shop")

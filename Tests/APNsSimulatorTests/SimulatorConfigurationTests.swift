@@ -62,7 +62,8 @@ struct SimulatorConfigurationTests {
         #expect(try apply(#"{"environment": "development"}"#).behaviour.development)
         #expect(try !apply(#"{"environment": "production"}"#).behaviour.development)
         #expect(try !apply("{}").behaviour.development)
-        #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"environment": "sandbox"}"#) }
+        #expect(try apply(#"{"environment": "sandbox"}"#).behaviour.development, "the fleet's name for it")
+        #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"environment": "staging"}"#) }
     }
 
     @Test("a misspelt setting is refused, not silently left at its default")

@@ -341,8 +341,9 @@ public struct JobDecoder: Sendable {
             return RawJSON(bytes: bytes[range])
         }
         // Any header of the header encoding (even without apns-token) means the value is an APNs
-        // payload, whose own `topic` or `meta` keys say nothing about the job.
-        if headers.contains(where: { HeaderKey(name: $0.key) != nil }) {
+        // payload, whose own `topic` or `meta` keys say nothing about the job. Not `job-id`:
+        // every retry record carries one, JSON envelopes' too.
+        if headers.contains(where: { HeaderKey(name: $0.key).map { $0 != .jobID } ?? false }) {
             for header in headers {
                 guard let key = HeaderKey(name: header.key), let text = header.text else { continue }
                 switch key {

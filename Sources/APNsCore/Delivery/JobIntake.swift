@@ -77,7 +77,7 @@ public struct JobIntake: Sendable {
                 )
                 return .accepted(AcceptedJob(
                     jobID: jobID, job: resolved, appName: configuration.apps[appIndex].name, source: source,
-                    previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, previousReason: retry?.lastReason, tokens: tokens
+                    previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, previousReason: retry.flatMap { $0.lastReason.isEmpty ? nil : $0.lastReason }, tokens: tokens
                 ))
             } catch {
                 // A retry record stands for the tokens it names: the job's others already have
