@@ -49,13 +49,13 @@ public struct ConfigurationLoader: Sendable {
     public func load() async throws(ConfigurationError) -> FleetConfiguration {
         let reader = try await makeReader()
         let file = try filePath.map { path throws(ConfigurationError) in try UnknownKeys.keys(ofFile: path) } ?? UnknownKeys.FileKeys()
-        let flagKeys = overrides.compactMap { pair in pair.firstIndex(of: "=").map { String(pair[..<$0]) } }
+        let flags = overrides.compactMap { pair in
+            pair.firstIndex(of: "=").map { (key: String(pair[..<$0]), value: String(pair[pair.index(after: $0)...])) }
+        }
+        let flagKeys = flags.map(\.key)
         // An empty flag or variable counts as unset (see `makeReader`), so it does not excuse the
         // file's null either: the null would be read as its text.
-        let settingFlagKeys = overrides.compactMap { pair -> String? in
-            guard let equals = pair.firstIndex(of: "="), !String(pair[pair.index(after: equals)...]).trimmingSpaces.isEmpty else { return nil }
-            return String(pair[..<equals])
-        }
+        let settingFlagKeys = flags.filter { !$0.value.trimmingSpaces.isEmpty }.map(\.key)
         let settingEnvironment = environment.filter { !$0.value.trimmingSpaces.isEmpty }
         let source = "in \(filePath ?? "the config file")"
         try UnknownKeys.check(file.keys, source: source)

@@ -75,7 +75,7 @@ public struct LegacyGatewayConfiguration: Sendable {
         configuration.connections = app.connections
         configuration.format = app.legacyFormat
         configuration.quietPeriod = .milliseconds(app.legacyQuietPeriodMilliseconds)
-        configuration.errorReconnects = ReconnectPacer.Rate(burst: 10, interval: .seconds(1) / max(1, app.legacyErrorReconnectsPerSecond))
+        configuration.errorReconnects.interval = .seconds(1) / max(1, app.legacyErrorReconnectsPerSecond)
         // A drain shorter than the quiet period would re-send every written notification.
         configuration.drainTimeout = max(configuration.drainTimeout, configuration.quietPeriod + .seconds(1))
         return configuration

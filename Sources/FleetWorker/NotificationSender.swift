@@ -72,6 +72,13 @@ public struct SendResult: Sendable, Hashable {
         self.latencyMs = latencyMs
     }
 
+    /// This result with `apnsID` as its id.
+    func withAPNsID(_ apnsID: String?) -> SendResult {
+        var result = self
+        result.apnsID = apnsID
+        return result
+    }
+
     /// What the HTTP/2 client's outcome says, taking `latencyMs` from the caller's clock.
     /// `sentID` is the `apns-id` the request carried: the result's when APNs did not answer (a
     /// timeout or a dropped connection) but may still have taken the request under it; not when

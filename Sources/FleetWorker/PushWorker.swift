@@ -618,11 +618,10 @@ public final class PushWorker: Service, Sendable {
     /// What to do after an attempt: finish with a result, retry later through the retry topic,
     /// or wait and retry in process.
     @inline(never)
-    func afterSending(_ sent: SendResult, job: JobInFlight, token: DeviceToken, sendBy: NIODeadline, progress: inout SendProgress) -> NextStep {
-        var sent = sent
+    func afterSending(_ answer: SendResult, job: JobInFlight, token: DeviceToken, sendBy: NIODeadline, progress: inout SendProgress) -> NextStep {
         // Every in-process attempt carries the same apns-id: one never written after one APNs may
-        // have taken keeps that one's id for the result.
-        if sent.apnsID == nil { sent.apnsID = progress.last?.apnsID }
+        // have taken keeps that one's id for the result. (Answers carry their own: no copy.)
+        let sent = answer.apnsID == nil ? answer.withAPNsID(progress.last?.apnsID) : answer
         progress.last = sent
         progress.totalLatency += sent.latencyMs
         let attempt = progress.attempts

@@ -60,13 +60,13 @@ public struct TokenEvent: Sendable, Hashable {
         // stands instead, rather than an event dated before 1970 or far in the future, which
         // readers would keep over every later registration.
         let latest = observedAt.value.addingReportingOverflow(Self.clockSkewMilliseconds)
-        let plausible = result.unregisteredAt.map { $0 >= 0 && (latest.overflow || $0 <= latest.partialValue) } ?? false
+        let stated = result.unregisteredAt.flatMap { $0 >= 0 && (latest.overflow || $0 <= latest.partialValue) ? $0 : nil }
         self.init(
             token: token.hex,
             topic: topic,
             app: result.app,
             reason: reason,
-            invalidatedAt: plausible ? result.unregisteredAt ?? observedAt.value : observedAt.value,
+            invalidatedAt: stated ?? observedAt.value,
             source: .http2,
             jobID: result.jobID
         )

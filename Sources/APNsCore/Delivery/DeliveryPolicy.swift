@@ -81,19 +81,15 @@ public struct DeliveryPolicy: Sendable, Hashable {
         jitter: @autoclosure () -> Double
     ) -> DeliveryDecision {
         var lastStatus: Int?
-        let lastReason: String
-        switch result {
-        case .answered(let status, let reason):
+        if case .answered(let status, let reason) = result {
             if status == 200 { return .finish(.delivered, status: 200, reason: nil) }
             let classification = reason?.classification(status: status) ?? APNsReasonTable.classification(status: status)
             if classification != .retryable {
                 return .finish(.rejected, status: status, reason: reason?.rawValue)
             }
             lastStatus = status
-            lastReason = result.lastReason
-        case .notAnswered:
-            lastReason = result.lastReason
         }
+        let lastReason = result.lastReason
 
         // Past the job's cutoff the answer is that it expired, even on its last attempt.
         if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), cutoffPassed || now() > cutoff {
