@@ -168,6 +168,41 @@ struct JobIntakeTests {
         #expect(job.tokens.map(\.hex) == [tokenB])
     }
 
+    @Test("a job on a topic with a 249-character name gets a derived id within 256 bytes, which its retry keeps")
+    func derivedIDOfLongTopic() {
+        // Kafka's longest topic name: `<topic>-<partition>-<offset>` would not fit in a job id.
+        let longTopic = String(repeating: "t", count: 240) + ".jobs.ab"
+        let sibling = String(repeating: "t", count: 240) + ".jobs.ac"
+        let first = SourcePosition(topic: longTopic, partition: 11, offset: 9_000_000_000)
+        let derived = first.derivedJobID
+        #expect(derived.utf8.count <= JobRules.maximumIdentifierBytes)
+        #expect(derived.hasPrefix(String(repeating: "t", count: 200)) && derived.hasSuffix("-11-9000000000"))
+        #expect(derived != SourcePosition(topic: sibling, partition: 11, offset: 9_000_000_000).derivedJobID)
+        #expect(derived == SourcePosition(topic: longTopic, partition: 11, offset: 9_000_000_000).derivedJobID)
+        // Topics that fit keep the plain form.
+        #expect(SourcePosition(topic: "apns.jobs", partition: 2, offset: 40).derivedJobID == "apns.jobs-2-40")
+
+        // A header-encoded job names its id in the same `job-id` header the retry record carries,
+        // where it is held to the 256-byte limit.
+        let headers = [RecordHeader(JobDecoder.tokenHeader, tokenA)]
+        let payload = Array(#"{"aps":{"alert":"hi"}}"#.utf8)
+        guard case .accepted(let job) = intake.accept(value: payload, headers: headers, source: first, now: now) else {
+            Issue.record("expected the job to be accepted")
+            return
+        }
+        #expect(job.jobID == derived)
+        let retry = RetryHeaders(attempt: 1, notBefore: UnixMillis(now.value), lastReason: "ServiceUnavailable")
+        guard case .accepted(let again) = intake.accept(
+            value: payload, headers: retry.applied(to: headers + [RecordHeader("job-id", job.jobID)]),
+            source: SourcePosition(topic: "apns.jobs.retry", partition: 0, offset: 5), now: now
+        ) else {
+            Issue.record("expected the retry record to be accepted")
+            return
+        }
+        #expect(again.jobID == derived)
+        #expect(again.previousAttempts == 1)
+    }
+
     @Test("a retry record that has become unusable gives invalid results for its own tokens only")
     func unusableRetryRecord() {
         // The app was removed from the configuration while the record waited: tokenA was

@@ -24,8 +24,33 @@ public struct SourcePosition: Sendable, Hashable {
         self.offset = offset
     }
 
-    /// The job id used when a job has none: `<topic>-<partition>-<offset>` of the record as first consumed.
-    public var derivedJobID: String { "\(topic)-\(partition)-\(offset)" }
+    /// The job id used when a job has none: `<topic>-<partition>-<offset>` of the record as first
+    /// consumed. Kafka allows topic names of 249 characters, which would make this longer than
+    /// the 256 bytes a job id may have, and a retry record carrying it would then be refused as
+    /// invalid: a topic too long for that is shortened to its start, `~` and a 64-bit FNV-1a hash
+    /// of the whole name (in hex), so that ids stay distinct, stable and within the limit.
+    public var derivedJobID: String {
+        let position = "-\(partition)-\(offset)"
+        let limit = JobRules.maximumIdentifierBytes
+        guard topic.utf8.count + position.utf8.count > limit else { return topic + position }
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in topic.utf8 {
+            hash = (hash ^ UInt64(byte)) &* 0x0000_0100_0000_01b3
+        }
+        let digest = String(hash, radix: 16)
+        let tag = "~" + String(repeating: "0", count: 16 - digest.utf8.count) + digest
+        // Whole characters only, so that the id stays valid UTF-8 within the limit.
+        var kept = ""
+        var keptBytes = 0
+        let budget = limit - tag.utf8.count - position.utf8.count
+        for character in topic {
+            let size = character.utf8.count
+            guard keptBytes + size <= budget else { break }
+            kept.append(character)
+            keptBytes += size
+        }
+        return kept + tag + position
+    }
 }
 
 /// One result per notification attempt that ends, published to `apns.results` keyed by token.
