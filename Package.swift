@@ -81,6 +81,10 @@ let package = Package(
         // jemalloc's options for the executable (a C global it reads before main).
         .target(name: "MallocSettings", path: "Sources/MallocSettings"),
 
+        // posix_spawn behind a safe type, for the demo, the benchmarks and the test suites
+        // (Foundation's Process.run() crashes now and then on Linux; see LaunchedProcess).
+        .target(name: "ProcessLaunch", swiftSettings: strictSettings),
+
         // MARK: - Pure core
 
         .target(
@@ -223,6 +227,7 @@ let package = Package(
             dependencies: [
                 "CJemalloc",
                 "MallocSettings",
+                "ProcessLaunch",
                 "FleetWorker",
                 "FleetLoad",
                 "APNsLegacyClient",
@@ -260,11 +265,17 @@ let package = Package(
         // Helpers for suites that start real processes and servers (bounded waits, child processes).
         .target(
             name: "FleetTestSupport",
-            dependencies: ["FleetLoad"],
+            dependencies: ["FleetLoad", "ProcessLaunch"],
             swiftSettings: strictSettings
         ),
 
         // MARK: - Tests
+
+        .testTarget(
+            name: "ProcessLaunchTests",
+            dependencies: ["ProcessLaunch"],
+            swiftSettings: strictSettings
+        ),
 
         .testTarget(
             name: "APNsSimulatorTests",
@@ -272,6 +283,7 @@ let package = Package(
                 "APNsSimulator",
                 "APNsHTTP2",
                 "APNsCore",
+                "ProcessLaunch",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -335,7 +347,7 @@ let package = Package(
         ),
         .testTarget(
             name: "APNsCoreTests",
-            dependencies: ["APNsCore"],
+            dependencies: ["APNsCore", "ProcessLaunch"],
             swiftSettings: strictSettings
         ),
         .testTarget(
@@ -349,6 +361,7 @@ let package = Package(
             name: "ReliabilityTests",
             dependencies: [
                 "FleetTestSupport",
+                "ProcessLaunch",
                 "FleetLoad",
                 "KafkaTransport",
                 "APNsSimulator",

@@ -1,4 +1,5 @@
 import Foundation
+import ProcessLaunch
 import Synchronization
 
 // Helpers shared by the test suites that start real processes and servers: bounded waits,
@@ -61,75 +62,82 @@ public final class Shared<Value: Sendable>: Sendable {
 /// Its stderr goes through a pipe of its own, copied to the test's stderr, rather than being
 /// inherited: a child left running after the test process crashed would otherwise hold the test
 /// runner's stderr open, and `swift test` would wait on it forever instead of failing.
-///
-/// `@unchecked Sendable`: `Process` and `FileHandle` are used only through calls that are safe
-/// from any thread (run, terminate, write, close); the output lines live in a `Shared`.
-public final class ChildProcess: @unchecked Sendable {
-    public let process = Process()
-    private let input = Pipe()
-    private let output = Pipe()
-    private let errors = Pipe()
+public final class ChildProcess: Sendable {
+    private let executable: String
+    private let arguments: [String]
+    private let environment: [String: String]?
+    private let launched = Shared<LaunchedProcess?>(nil)
     public let lines = Shared<[String]>([])
-    private let status = Shared<Int32?>(nil)
     /// Set once the output pipe reached its end and every line is in `lines`.
     private let outputEnded = Shared(false)
 
     public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) {
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        process.standardInput = input
-        process.standardOutput = output
-        process.standardError = errors
-        if let environment { process.environment = environment }
+        self.executable = executable
+        self.arguments = arguments
+        self.environment = environment
     }
+
+    private var name: String { (executable as NSString).lastPathComponent }
 
     public func start() throws {
-        process.terminationHandler = { [status] process in
-            status.update { $0 = process.terminationStatus }
-        }
-        try process.run()
-        let reader = output.fileHandleForReading
+        let process = try LaunchedProcess(
+            executable: executable, arguments: arguments, environment: environment,
+            standardInput: .pipe, standardOutput: .pipe, standardError: .pipe
+        )
+        launched.update { $0 = process }
         let lines = self.lines
         let outputEnded = self.outputEnded
-        let thread = Thread {
-            var pending = Data()
-            while true {
-                let chunk = reader.availableData
-                if chunk.isEmpty { break }
-                pending.append(chunk)
-                while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
-                    let line = String(decoding: pending[pending.startIndex..<newline], as: UTF8.self)
-                    pending.removeSubrange(pending.startIndex...newline)
-                    lines.update { $0.append(line) }
+        if let reader = process.standardOutput {
+            Thread {
+                var pending: [UInt8] = []
+                while case let chunk = reader.read(), !chunk.isEmpty {
+                    pending += chunk
+                    while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                        let line = String(decoding: pending[..<newline], as: UTF8.self)
+                        pending.removeSubrange(...newline)
+                        lines.update { $0.append(line) }
+                    }
                 }
-            }
-            if !pending.isEmpty {
-                let rest = String(decoding: pending, as: UTF8.self)
-                lines.update { $0.append(rest) }
-            }
-            outputEnded.update { $0 = true }
+                if !pending.isEmpty {
+                    let rest = String(decoding: pending, as: UTF8.self)
+                    lines.update { $0.append(rest) }
+                }
+                outputEnded.update { $0 = true }
+            }.start()
         }
-        thread.start()
-        let errorReader = errors.fileHandleForReading
-        let copier = Thread {
-            while case let chunk = errorReader.availableData, !chunk.isEmpty {
-                FileHandle.standardError.write(chunk)
-            }
+        if let errors = process.standardError {
+            Thread {
+                while case let chunk = errors.read(), !chunk.isEmpty {
+                    try? FileHandle.standardError.write(contentsOf: chunk)
+                }
+            }.start()
         }
-        copier.start()
     }
 
+    /// The child's pid; 0 before ``start()``.
+    public var pid: Int32 { launched.value?.processIdentifier ?? 0 }
+
+    /// False before ``start()`` and once the child has ended.
+    public var isRunning: Bool { launched.value?.isRunning ?? false }
+
+    /// Sends `signal` unless the child has ended (its pid may be another process's by then).
+    public func signal(_ signal: Int32) {
+        launched.value?.signal(signal)
+    }
+
+    public func terminate() { signal(SIGTERM) }
+
     public func write(_ text: String) {
-        input.fileHandleForWriting.write(Data(text.utf8))
+        launched.value?.standardInput?.write(Array(text.utf8))
     }
 
     public func closeInput() {
-        try? input.fileHandleForWriting.close()
+        launched.value?.standardInput?.close()
     }
 
     /// Waits for the n-th line of output (1-based) and returns it.
     public func line(_ number: Int, timeout: Double = 60) async throws -> String {
-        try await waitUntil("output line \(number) of \(process.executableURL?.lastPathComponent ?? "child")", timeout: timeout) {
+        try await waitUntil("output line \(number) of \(name)", timeout: timeout) {
             lines.value.count >= number
         }
         return lines.value[number - 1]
@@ -139,19 +147,21 @@ public final class ChildProcess: @unchecked Sendable {
     /// before the reader thread has drained the pipe, and a caller reading `lines` at once could
     /// miss the output (a kcat consumer's every line, on a loaded machine). The output ends when
     /// the pipe closes, which a grandchild still holding it could delay: then after 5 s at most.
+    /// The status is the exit status, or the number of the signal that ended the child.
     public func waitForExit(timeout: Double = 60) async throws -> Int32 {
-        try await waitUntil("\(process.executableURL?.lastPathComponent ?? "child") to exit", timeout: timeout) {
-            status.value != nil
+        let launched = self.launched
+        try await waitUntil("\(name) to exit", timeout: timeout) {
+            launched.value?.termination != nil
         }
-        try? await waitUntil("the output of \(process.executableURL?.lastPathComponent ?? "child") to end", timeout: 5) {
+        try? await waitUntil("the output of \(name) to end", timeout: 5) {
             outputEnded.value
         }
-        return status.value ?? -1
+        return launched.value?.termination?.status ?? -1
     }
 
     /// Best-effort cleanup for `defer`.
     public func kill() {
-        if process.isRunning { Foundation.kill(process.processIdentifier, SIGKILL) }
+        signal(SIGKILL)
     }
 }
 

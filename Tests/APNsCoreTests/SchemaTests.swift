@@ -1,5 +1,6 @@
 import APNsCore
 import Foundation
+import ProcessLaunch
 import Testing
 
 /// The Swift codecs and the published JSON Schemas must agree: the same examples pass and fail
@@ -41,13 +42,13 @@ struct SchemaTests {
     }
 
     @Test("a standard JSON Schema validator agrees with the example folders")
-    func schemasAgree() throws {
-        let (status, output) = try Self.runChecker([])
+    func schemasAgree() async throws {
+        let (status, output) = try await Self.runChecker([])
         #expect(status == 0, "\(output)")
     }
 
     @Test("results and token events the Swift code writes validate against their schemas")
-    func writtenValuesValidate() throws {
+    func writtenValuesValidate() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("apns-fleet-schema-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -71,22 +72,18 @@ struct SchemaTests {
         let event = TokenEvent(token: token, topic: "t", app: nil, reason: "Unregistered", invalidatedAt: 1, source: .feedbackService)
         try Data(event.encoded()).write(to: eventFile)
 
-        let (resultStatus, resultOutput) = try Self.runChecker(["result"] + resultFiles)
+        let (resultStatus, resultOutput) = try await Self.runChecker(["result"] + resultFiles)
         #expect(resultStatus == 0, "\(resultOutput)")
-        let (eventStatus, eventOutput) = try Self.runChecker(["token-event", eventFile.path])
+        let (eventStatus, eventOutput) = try await Self.runChecker(["token-event", eventFile.path])
         #expect(eventStatus == 0, "\(eventOutput)")
     }
 
-    static func runChecker(_ arguments: [String]) throws -> (Int32, String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", root.appendingPathComponent("scripts/check_schemas.py").path] + arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
-        try process.run()
-        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        return (process.terminationStatus, output)
+    static func runChecker(_ arguments: [String]) async throws -> (Int32, String) {
+        let process = try LaunchedProcess(
+            executable: "/usr/bin/env", arguments: ["python3", root.appendingPathComponent("scripts/check_schemas.py").path] + arguments,
+            standardOutput: .pipe, standardError: .standardOutput
+        )
+        let output = String(decoding: process.standardOutput?.readToEnd() ?? [], as: UTF8.self)
+        return (await process.waitForExit().status, output)
     }
 }

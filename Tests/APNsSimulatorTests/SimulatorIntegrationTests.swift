@@ -1,6 +1,7 @@
 import APNsCore
 import Crypto
 import Foundation
+import ProcessLaunch
 import Testing
 
 @testable import APNsSimulator
@@ -41,31 +42,25 @@ enum ChildProcess {
 
     static func run(_ executable: String, _ arguments: [String], timeout: Duration = .seconds(60)) async throws -> Output {
         let outputPath = NSTemporaryDirectory() + "apns-sim-child-" + UUID().uuidString
-        _ = FileManager.default.createFile(atPath: outputPath, contents: nil)
         defer { try? FileManager.default.removeItem(atPath: outputPath) }
-        guard let output = FileHandle(forWritingAtPath: outputPath) else { throw SimulatorConfigurationError("cannot create \(outputPath)") }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        process.standardOutput = output
-        process.standardError = output
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
+        let process = try LaunchedProcess(
+            executable: executable, arguments: arguments,
+            standardOutput: .appending(toFile: outputPath), standardError: .appending(toFile: outputPath)
+        )
+        func text() -> String { (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "" }
         let deadline = ContinuousClock.now + timeout
         while process.isRunning {
             if ContinuousClock.now > deadline {
                 process.terminate()
                 try? await Task.sleep(for: .milliseconds(200))
-                if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-                process.waitUntilExit()
-                try? output.close()
+                process.signal(SIGKILL)
+                _ = await process.waitForExit()
                 Issue.record("\(executable) did not finish within \(timeout)")
-                return Output(status: -1, text: (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "")
+                return Output(status: -1, text: text())
             }
             try await Task.sleep(for: .milliseconds(10))
         }
-        try? output.close()
-        return Output(status: process.terminationStatus, text: (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "")
+        return Output(status: process.termination?.status ?? -1, text: text())
     }
 }
 

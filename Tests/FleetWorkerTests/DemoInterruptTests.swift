@@ -20,12 +20,12 @@ struct DemoInterruptTests {
         try demo.start()
         defer { demo.kill() }
         try await waitUntil("the demo's fleet to be up (or the demo to exit)", timeout: 90) {
-            demo.lines.value.contains { $0.contains("While it runs, look at") } || !demo.process.isRunning
+            demo.lines.value.contains { $0.contains("While it runs, look at") } || !demo.isRunning
         }
-        try #require(demo.process.isRunning, "the demo exited before its fleet was up: \(demo.lines.value.suffix(8))")
+        try #require(demo.isRunning, "the demo exited before its fleet was up: \(demo.lines.value.suffix(8))")
         let started = Self.processes(mentioning: directory)
         #expect(started.count >= 4, "kafka-dev, the simulator, a worker and the feedback worker: \(started)")
-        kill(demo.process.processIdentifier, SIGINT)
+        demo.signal(SIGINT)
         let status = try await demo.waitForExit(timeout: 60)
         #expect(status == 130, "exit status \(status); output ends: \(demo.lines.value.suffix(5))")
         // The processes it stopped on purpose are not reported as having failed.

@@ -109,7 +109,7 @@ struct SecretHygieneTests {
             return samples.contains { $0.name == "apns_worker_notifications" && $0.labels["outcome"] == "delivered" && $0.value >= 1 }
         }
         let metrics = try httpGet(port: port, path: "/metrics").body
-        kill(worker.process.processIdentifier, SIGTERM)
+        worker.signal(SIGTERM)
         // The drain budget is 25 s plus 15 s for the services to stop; wait a little longer.
         let exitStatus = try? await worker.waitForExit(timeout: 45)
         if exitStatus == nil { print("the worker did not exit within 45 s of SIGTERM; its log ends:\n" + worker.lines.value.suffix(40).joined(separator: "\n")) }

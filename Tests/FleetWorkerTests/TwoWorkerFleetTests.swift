@@ -100,12 +100,12 @@ struct TwoWorkerFleetTests {
             // cluster refuses the later commit with REBALANCE_IN_PROGRESS, because the other
             // member's leaving started a rebalance: duplicates on restart, not losses.)
             let assignedBefore = workers[1].output(containing: "partitions assigned").count
-            kill(workers[0].process.processIdentifier, SIGTERM)
+            workers[0].signal(SIGTERM)
             #expect(try await workers[0].waitForExit(timeout: 40) == 0, "a drained worker exits 0")
             try await waitUntil("w2 to take over w1's partitions", timeout: 30) {
                 workers[1].output(containing: "partitions assigned").dropFirst(assignedBefore).contains { $0.contains("apns.jobs[") }
             }
-            kill(workers[1].process.processIdentifier, SIGTERM)
+            workers[1].signal(SIGTERM)
             #expect(try await workers[1].waitForExit(timeout: 40) == 0, "a drained worker exits 0")
             reader.close()
             await producer.shutdown(flushTimeout: .seconds(5))

@@ -30,14 +30,14 @@ struct WorkerLifecycleTests {
 
         // Wait for notifications in flight at APNs, then ask for a drain: it cannot finish soon.
         try await Self.waitForInFlight(port: try await worker.adminPort())
-        kill(worker.process.processIdentifier, SIGTERM)
+        worker.signal(SIGTERM)
         try await waitUntil("the worker to start draining", timeout: 10) { !worker.output(containing: "draining").isEmpty }
         try await Task.sleep(for: .milliseconds(500))
-        #expect(worker.process.isRunning, "still draining: the answers are 30 s away")
+        #expect(worker.isRunning, "still draining: the answers are 30 s away")
 
         let clock = ContinuousClock()
         let secondSignal = clock.now
-        kill(worker.process.processIdentifier, SIGTERM)
+        worker.signal(SIGTERM)
         let status = try await worker.waitForExit(timeout: 10)
         let took = clock.now - secondSignal
         #expect(status == 143, "128 + SIGTERM")
@@ -57,7 +57,7 @@ struct WorkerLifecycleTests {
         try await Self.waitForInFlight(port: try await worker.adminPort())
         // Kafka goes away with the answers still to come: their results can never be flushed.
         backends.kafka.process.kill()
-        kill(worker.process.processIdentifier, SIGTERM)
+        worker.signal(SIGTERM)
         // The budget is the drain timeout (1 s) + 15 s, then the exit comes 3 s later.
         let status = try await worker.waitForExit(timeout: 40)
         #expect(status == 1, "\(worker.lines.value.suffix(5))")
@@ -81,7 +81,7 @@ struct WorkerLifecycleTests {
             return response.status == 503 && response.body.contains("rejected") && response.body.contains("example")
         }
         #expect(try httpGet(port: port, path: "/healthz").status == 200)
-        kill(worker.process.processIdentifier, SIGTERM)
+        worker.signal(SIGTERM)
         #expect(try await worker.waitForExit(timeout: 30) == 0)
         await backends.stop()
     }
@@ -209,7 +209,7 @@ struct WorkerLifecycleTests {
         }
         #expect(try httpGet(port: port, path: "/healthz").status == 200)
 
-        kill(worker.process.processIdentifier, SIGTERM)
+        worker.signal(SIGTERM)
         #expect(try await worker.waitForExit(timeout: 30) == 0)
     }
 }

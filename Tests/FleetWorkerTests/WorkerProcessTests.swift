@@ -82,7 +82,7 @@ struct WorkerProcessTests {
             try first.start()
             defer { first.kill() }
             try await waitUntil("the first worker to publish some results", timeout: 90) { results.value.count >= 40 }
-            kill(first.process.processIdentifier, SIGTERM)
+            first.signal(SIGTERM)
             let status = try await first.waitForExit(timeout: 60)
             #expect(status == 0, "a drained worker exits 0")
             let afterFirst = results.value.count
@@ -93,7 +93,7 @@ struct WorkerProcessTests {
             defer { second.kill() }
             try await waitUntil("every notification to have a result", timeout: 120) { results.value.count >= expectedCount }
             // The second worker did part of the work, so its signal handlers are installed.
-            kill(second.process.processIdentifier, SIGTERM)
+            second.signal(SIGTERM)
             #expect(try await second.waitForExit(timeout: 60) == 0)
 
             reader.close()

@@ -53,7 +53,7 @@ struct KafkaDevProcessTests {
         #expect(consumer.lines.value.sorted() == ["k1=hello", "k2=world", "k3=third", "swift=from-swift"])
 
         // SIGTERM stops it cleanly.
-        dev.process.terminate()
+        dev.terminate()
         #expect(try await dev.waitForExit(timeout: 30) == 0)
     }
 }

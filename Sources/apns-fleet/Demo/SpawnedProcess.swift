@@ -1,4 +1,5 @@
 import Foundation
+import ProcessLaunch
 import Synchronization
 import UnixSignals
 
@@ -8,39 +9,32 @@ import UnixSignals
 /// Each child runs in a process group of its own, so Ctrl-C reaches only the parent: call
 /// ``stopChildrenOnSignal()`` first, or an interrupted demo leaves kafka-dev, the simulator and
 /// the workers running.
-final class SpawnedProcess {
-    /// The children still running, by pid, for a signal to stop.
-    private static let running = Mutex<Set<Int32>>([])
+final class SpawnedProcess: Sendable {
+    /// Every child started, for a signal to stop those still running.
+    private static let launched = Mutex<[LaunchedProcess]>([])
     let name: String
     let logPath: String
-    private let process = Process()
+    private let process: LaunchedProcess
 
     /// Starts `apns-fleet <arguments>` (this very executable), logging to `logPath`.
     init(name: String, arguments: [String], logPath: String, environment: [String: String]? = nil) throws {
         self.name = name
         self.logPath = logPath
-        guard FileManager.default.createFile(atPath: logPath, contents: nil), let log = FileHandle(forWritingAtPath: logPath) else {
+        guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
             throw CommandFailure("cannot write the log file \(logPath)")
         }
-        process.executableURL = URL(fileURLWithPath: Self.executablePath)
-        process.arguments = arguments
-        process.standardOutput = log
-        process.standardError = log
-        process.standardInput = FileHandle.nullDevice
-        if let environment { process.environment = environment }
-        process.terminationHandler = { process in
-            _ = Self.running.withLock { $0.remove(process.processIdentifier) }
-        }
         do {
-            try process.run()
+            process = try LaunchedProcess(
+                executable: Self.executablePath, arguments: arguments, environment: environment,
+                standardInput: .nullDevice, standardOutput: .appending(toFile: logPath), standardError: .standardOutput
+            )
         } catch {
             throw CommandFailure("cannot start \(name): \(error)")
         }
-        let pid = process.processIdentifier
-        Self.running.withLock { _ = $0.insert(pid) }
-        // It may have ended already, its handler run before the insert: its pid is free again.
-        if !process.isRunning { Self.running.withLock { _ = $0.remove(pid) } }
+        Self.launched.withLock { $0.append(process) }
     }
+
+    private static var running: [LaunchedProcess] { launched.withLock { $0.filter(\.isRunning) } }
 
     /// Set by the first SIGINT or SIGTERM: children then end because they were asked to, which
     /// the run must not report as a failure (see ``holdIfInterrupted()``).
@@ -55,21 +49,21 @@ final class SpawnedProcess {
             var first: UnixSignal?
             for await signal in signals {
                 interrupted.store(true, ordering: .sequentiallyConsistent)
-                let pids = running.withLock { $0 }
+                let children = running
                 if first == nil {
                     first = signal
-                    FileHandle.standardError.write(Data("\n\(signal): stopping the \(pids.count) processes started (again to kill them at once)\n".utf8))
-                    for pid in pids { Foundation.kill(pid, SIGTERM) }
+                    try? FileHandle.standardError.write(contentsOf: Data("\n\(signal): stopping the \(children.count) processes started (again to kill them at once)\n".utf8))
+                    for child in children { child.signal(SIGTERM) }
                     Task.detached {
                         let deadline = ContinuousClock.now + grace
-                        while ContinuousClock.now < deadline, !running.withLock({ $0.isEmpty }) {
+                        while ContinuousClock.now < deadline, !running.isEmpty {
                             try? await Task.sleep(for: .milliseconds(50))
                         }
-                        for pid in running.withLock({ $0 }) { Foundation.kill(pid, SIGKILL) }
+                        for child in running { child.signal(SIGKILL) }
                         exitNow(128 + signal.rawValue)
                     }
                 } else {
-                    for pid in pids { Foundation.kill(pid, SIGKILL) }
+                    for child in children { child.signal(SIGKILL) }
                     exitNow(128 + (first ?? signal).rawValue)
                 }
             }
@@ -99,6 +93,8 @@ final class SpawnedProcess {
 
     var pid: Int32 { process.processIdentifier }
     var isRunning: Bool { process.isRunning }
+    /// The exit status, or the number of the signal that ended it; nil while it runs.
+    private var terminationStatus: Int32? { process.termination?.status }
 
     var log: String {
         (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
@@ -117,7 +113,7 @@ final class SpawnedProcess {
             if let line = log.split(separator: "\n").first(where: { $0.contains(text) }) { return String(line) }
             guard isRunning else {
                 await Self.holdIfInterrupted()
-                throw CommandFailure("\(name) exited (status \(process.terminationStatus)) before it was ready; its log (\(logPath)) ends:\n\(logTail())")
+                throw CommandFailure("\(name) exited (\(process.termination?.description ?? "status unknown")) before it was ready; its log (\(logPath)) ends:\n\(logTail())")
             }
             try await Task.sleep(for: .milliseconds(100))
         }
@@ -127,7 +123,7 @@ final class SpawnedProcess {
     /// SIGTERM, then waits up to `timeout` for a clean exit; SIGKILL after that. Returns the status.
     @discardableResult
     func stop(timeout: Duration) async -> Int32 {
-        guard isRunning else { return process.terminationStatus }
+        if let terminationStatus { return terminationStatus }
         process.terminate()
         return await wait(timeout: timeout)
     }
@@ -139,15 +135,15 @@ final class SpawnedProcess {
             try? await Task.sleep(for: .milliseconds(50))
         }
         if isRunning {
-            Foundation.kill(pid, SIGKILL)
-            process.waitUntilExit()
+            process.signal(SIGKILL)
+            _ = await process.waitForExit()
             return -9
         }
-        return process.terminationStatus
+        return terminationStatus ?? -1
     }
 
     /// Best-effort cleanup for error paths.
     func kill() {
-        if isRunning { Foundation.kill(pid, SIGKILL) }
+        process.signal(SIGKILL)
     }
 }

@@ -5,6 +5,7 @@ import FleetTestSupport
 import Foundation
 import KafkaTransport
 import Logging
+import ProcessLaunch
 import Testing
 
 /// A whole fleet on 127.0.0.1, every part a real process as in production: `apns-fleet kafka-dev`
@@ -194,7 +195,7 @@ final class ReliabilityFleet: Sendable {
                 print("  \(slot) log tail:\n" + interesting.suffix(30).map { "    \($0)" }.joined(separator: "\n"))
             }
             for (index, worker) in fleet.everyWorker.value.enumerated() {
-                try? worker.lines.value.joined(separator: "\n").write(toFile: path("worker-\(index + 1)-pid\(worker.process.processIdentifier).log"), atomically: true, encoding: .utf8)
+                try? worker.lines.value.joined(separator: "\n").write(toFile: path("worker-\(index + 1)-pid\(worker.pid).log"), atomically: true, encoding: .utf8)
             }
             print("  simulator tail:\n" + simulator.lines.value.suffix(10).map { "    \($0)" }.joined(separator: "\n"))
             print("  logs kept in \(directory)")
@@ -274,7 +275,7 @@ final class ReliabilityFleet: Sendable {
         try worker.start()
         everyWorker.update { $0.append(worker) }
         workers.update { $0[slot] = worker }
-        note("started \(slot) (pid \(worker.process.processIdentifier))")
+        note("started \(slot) (pid \(worker.pid))")
         return worker
     }
 
@@ -293,9 +294,9 @@ final class ReliabilityFleet: Sendable {
         guard let worker = workers.value[slot] else { throw TestSetupError("no worker in slot \(slot)") }
         sampleMemoryNow()
         let at = Self.nowMillis()
-        Foundation.kill(worker.process.processIdentifier, SIGKILL)
+        worker.signal(SIGKILL)
         let status = try await worker.waitForExit(timeout: 10)
-        note("SIGKILL \(slot) (pid \(worker.process.processIdentifier)) at +\(elapsedMs()) ms, exit status \(status)")
+        note("SIGKILL \(slot) (pid \(worker.pid)) at +\(elapsedMs()) ms, exit status \(status)")
         return at
     }
 
@@ -303,7 +304,7 @@ final class ReliabilityFleet: Sendable {
     func stopWorkers() async throws -> [String: Int32] {
         sampleMemoryNow()
         let current = workers.value
-        for worker in current.values { Foundation.kill(worker.process.processIdentifier, SIGTERM) }
+        for worker in current.values { worker.signal(SIGTERM) }
         var statuses: [String: Int32] = [:]
         for (slot, worker) in current { statuses[slot] = try await worker.waitForExit(timeout: 40) }
         note("SIGTERM to every worker: exit statuses \(statuses.sorted { $0.key < $1.key })")
@@ -320,8 +321,8 @@ final class ReliabilityFleet: Sendable {
     }
 
     func sampleMemoryNow() {
-        for worker in workers.value.values where worker.process.isRunning {
-            if let kilobytes = Self.peakRSSKilobytes(pid: worker.process.processIdentifier) {
+        for worker in workers.value.values where worker.isRunning {
+            if let kilobytes = Self.peakRSSKilobytes(pid: worker.pid) {
                 peakWorkerRSSKilobytes.update { $0 = max($0, kilobytes) }
             }
         }
@@ -548,15 +549,11 @@ final class ReliabilityFleet: Sendable {
 
     /// How many records of `topic` contain `text`, read from the start with kcat (diagnostics only).
     static func grepTopic(bootstrap: String, topic: String, for text: String) -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = ["-c", #"timeout 20 kcat -b "$0" -C -t "$1" -e -q -f '%p@%o %s\n' 2>/dev/null | grep -F -- "$2" | head -5"#, bootstrap, topic, text]
-        let output = Pipe()
-        process.standardOutput = output
-        do { try process.run() } catch { return "kcat unavailable" }
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        let lines = String(decoding: data, as: UTF8.self).split(separator: "\n")
+        let script = #"timeout 20 kcat -b "$0" -C -t "$1" -e -q -f '%p@%o %s\n' 2>/dev/null | grep -F -- "$2" | head -5"#
+        guard let process = try? LaunchedProcess(executable: "/bin/sh", arguments: ["-c", script, bootstrap, topic, text], standardOutput: .pipe) else {
+            return "kcat unavailable"
+        }
+        let lines = String(decoding: process.standardOutput?.readToEnd() ?? [], as: UTF8.self).split(separator: "\n")
         return lines.isEmpty ? "none" : "\(lines.count): " + lines.map { String($0.prefix(60)) }.joined(separator: " | ")
     }
 
