@@ -13,8 +13,9 @@ struct KafkaDevProcess {
     let process: ChildProcess
     let bootstrap: String
 
-    static func start(binary: String, partitions: Int) async throws -> KafkaDevProcess {
-        let process = ChildProcess(binary, ["kafka-dev", "--brokers", "1", "--partitions", String(partitions), "--no-stdin"])
+    /// With `console`, kafka-dev takes fault commands on its stdin (``command(_:)``).
+    static func start(binary: String, partitions: Int, console: Bool = false) async throws -> KafkaDevProcess {
+        let process = ChildProcess(binary, ["kafka-dev", "--brokers", "1", "--partitions", String(partitions)] + (console ? [] : ["--no-stdin"]))
         try process.start()
         do {
             return KafkaDevProcess(process: process, bootstrap: try await process.line(1))
@@ -22,6 +23,17 @@ struct KafkaDevProcess {
             process.kill()
             throw error
         }
+    }
+
+    /// One fault command on kafka-dev's console; throws unless it answers `ok …`.
+    func command(_ text: String) async throws {
+        let before = process.lines.value.count
+        process.write(text + "\n")
+        try await waitUntil("kafka-dev to answer '\(text)'", timeout: 10) {
+            process.lines.value.dropFirst(before).contains { $0.hasPrefix("ok") || $0.hasPrefix("error") }
+        }
+        let answer = process.lines.value.dropFirst(before).first { $0.hasPrefix("ok") || $0.hasPrefix("error") } ?? ""
+        guard answer.hasPrefix("ok") else { throw TestSetupError("kafka-dev refused '\(text)': \(answer)") }
     }
 }
 

@@ -93,8 +93,11 @@ struct WorkerLifecycleTests {
         let binary = try apnsFleetBinary()
         let directory = NSTemporaryDirectory() + "apns-fleet-metrics-" + UUID().uuidString
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 4)
+        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 4, console: true)
         defer { kafka.process.kill() }
+        // Its one broker down until the worker has answered /readyz: the worker cannot join the
+        // group before, so that answer does not depend on how fast the join would have been.
+        try await kafka.command("broker-down 1")
 
         let dead = String(repeating: "de", count: 32)
         let credentials = try DevCredentials.generate(topic: "com.example.app")
@@ -111,9 +114,9 @@ struct WorkerLifecycleTests {
         defer { worker.kill() }
         let port = try await worker.adminPort()
         #expect(try httpGet(port: port, path: "/healthz").status == 200)
-        // The mock cluster's first group join takes about 3 s: the worker is not ready before.
         let early = try httpGet(port: port, path: "/readyz")
         #expect(early.status == 503 && early.body.contains("no partitions assigned"), "\(early)")
+        try await kafka.command("broker-up 1")
         try await waitUntil("the worker to be ready", timeout: 30) { (try? httpGet(port: port, path: "/readyz").status) == 200 }
 
         // Jobs of every kind; each result will be matched against the counters.
