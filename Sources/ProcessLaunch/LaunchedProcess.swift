@@ -14,8 +14,8 @@ import Glibc
 /// the project needs of it directly.
 ///
 /// The child runs in a process group of its own (so a Ctrl-C reaches only the parent, which
-/// decides what to stop), with the common signals at their defaults and none blocked (a parent
-/// that traps SIGINT and SIGTERM would otherwise pass that on), and with no descriptors but its
+/// decides what to stop), with every signal at its default and none blocked (a parent that
+/// traps SIGINT and SIGTERM would otherwise pass that on), and with no descriptors but its
 /// standard three.
 ///
 /// ``signal(_:)`` is safe against pid reuse: a child is reaped only under the lock that sending a
@@ -52,6 +52,7 @@ public final class LaunchedProcess: Sendable {
     }
 
     private let state = Mutex(State())
+    private static let launching = Mutex(())
 
     /// Starts `executable` (a path; no `PATH` search) with `arguments`. `environment` replaces
     /// the parent's when given.
@@ -63,20 +64,29 @@ public final class LaunchedProcess: Sendable {
         standardOutput output: Output = .inherit,
         standardError error: Output = .inherit
     ) throws(LaunchError) {
-        var plan = SpawnPlan()
-        defer { plan.closeChildEnds() }
-        do {
-            let stdin = try plan.input(input)
-            let stdout = try plan.output(output, into: STDOUT_FILENO)
-            let stderr = try plan.output(error, into: STDERR_FILENO)
-            processIdentifier = try plan.spawn(executable: executable, arguments: arguments, environment: environment)
-            standardInput = stdin.map(PipeWriter.init(descriptor:))
-            standardOutput = stdout.map(PipeReader.init(descriptor:))
-            standardError = stderr.map(PipeReader.init(descriptor:))
-        } catch {
-            plan.closeParentEnds()
-            throw error
+        if case .standardOutput = output {
+            throw LaunchError(description: "stdout cannot follow stdout: .standardOutput is for stderr only")
         }
+        // One launch at a time from here to the spawn: a pipe end is not close-on-exec for an
+        // instant after `pipe()`, and another launch's child must not inherit it.
+        let launched: (Int32, Int32?, Int32?, Int32?) = try Self.launching.withLock { _ throws(LaunchError) in
+            var plan = SpawnPlan()
+            defer { plan.closeChildEnds() }
+            do throws(LaunchError) {
+                let stdin = try plan.input(input)
+                let stdout = try plan.output(output, into: STDOUT_FILENO)
+                let stderr = try plan.output(error, into: STDERR_FILENO)
+                let pid = try plan.spawn(executable: executable, arguments: arguments, environment: environment)
+                return (pid, stdin, stdout, stderr)
+            } catch {
+                plan.closeParentEnds()
+                throw error
+            }
+        }
+        processIdentifier = launched.0
+        standardInput = launched.1.map(PipeWriter.init(descriptor:))
+        standardOutput = launched.2.map(PipeReader.init(descriptor:))
+        standardError = launched.3.map(PipeReader.init(descriptor:))
         startReaper()
     }
 
@@ -121,12 +131,14 @@ public final class LaunchedProcess: Sendable {
             } while waited == -1 && errno == EINTR
             let (termination, waiters) = state.withLock { state in
                 var status: Int32 = 0
-                var reaped: Int32
-                repeat {
-                    reaped = waitpid(pid, &status, 0)
-                } while reaped == -1 && errno == EINTR
-                // -1 only if something else reaped it (a `waitpid(-1)` elsewhere): its status is lost.
-                let termination: Termination = reaped == -1 ? .unknown : Termination(waitStatus: status)
+                var reaped: Int32 = -1
+                // The child has ended (it is a zombie now), so this returns at once. If `waitid`
+                // failed, something else reaped it (a `waitpid(-1)` elsewhere): its status is lost.
+                while waited == 0 {
+                    reaped = waitpid(pid, &status, WNOHANG)
+                    if reaped != -1 || errno != EINTR { break }
+                }
+                let termination: Termination = reaped == pid ? Termination(waitStatus: status) : .unknown
                 state.termination = termination
                 defer { state.waiters = [] }
                 return (termination, state.waiters)
@@ -219,8 +231,9 @@ private struct SpawnPlan {
             return nil
         case .appending(let path):
             // O_APPEND: stdout and stderr each get a descriptor, and neither overwrites the other.
-            let descriptor = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
-            guard descriptor >= 0 else { throw LaunchError(description: "cannot open \(path) for the child's output: \(Self.errorText(errno))") }
+            let opened = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
+            guard opened >= 0 else { throw LaunchError(description: "cannot open \(path) for the child's output: \(Self.errorText(errno))") }
+            let descriptor = try Self.aboveStandardDescriptors(opened)
             childEnds.append(descriptor)
             dups.append((descriptor, target))
             return nil
@@ -230,10 +243,37 @@ private struct SpawnPlan {
     private mutating func makePipe() throws(LaunchError) -> (read: Int32, write: Int32) {
         var ends: [Int32] = [0, 0]
         guard pipe(&ends) == 0 else { throw LaunchError(description: "cannot make a pipe: \(Self.errorText(errno))") }
-        // Close-on-exec (`pipe2` is not imported): a child started meanwhile by another thread
-        // gets its descriptors above stderr closed anyway (`addclosefrom`).
-        for end in ends { _ = fcntl(end, F_SETFD, FD_CLOEXEC) }
-        return (ends[0], ends[1])
+        // `pipe2` (with O_CLOEXEC at once) is not imported; launches are serialised instead.
+        // A descriptor that cannot be moved is closed by the move; the other end is closed here.
+        let read: Int32
+        do throws(LaunchError) {
+            read = try Self.aboveStandardDescriptors(ends[0])
+        } catch {
+            close(ends[1])
+            throw error
+        }
+        do throws(LaunchError) {
+            return (read, try Self.aboveStandardDescriptors(ends[1]))
+        } catch {
+            close(read)
+            throw error
+        }
+    }
+
+    /// `descriptor` itself, close-on-exec, if it is above stderr; otherwise (the parent has
+    /// closed a standard descriptor, and `open` or `pipe` handed it out) a close-on-exec copy
+    /// above stderr, the original closed. Otherwise the child's file actions, which set up
+    /// 0, 1 and 2 one after another, could overwrite it before it is copied.
+    private static func aboveStandardDescriptors(_ descriptor: Int32) throws(LaunchError) -> Int32 {
+        guard descriptor <= STDERR_FILENO else {
+            _ = fcntl(descriptor, F_SETFD, FD_CLOEXEC)
+            return descriptor
+        }
+        let moved = fcntl(descriptor, F_DUPFD_CLOEXEC, STDERR_FILENO + 1)
+        let failure = errno
+        close(descriptor)
+        guard moved >= 0 else { throw LaunchError(description: "cannot move a descriptor above stderr: \(errorText(failure))") }
+        return moved
     }
 
     mutating func spawn(executable: String, arguments: [String], environment: [String: String]?) throws(LaunchError) -> Int32 {
@@ -250,7 +290,8 @@ private struct SpawnPlan {
         // Everything else the parent has open (sockets of libraries that do not set
         // close-on-exec, say) stays out of the child.
         if let closeFrom = Self.addCloseFrom {
-            _ = closeFrom(&actions, STDERR_FILENO + 1)
+            let failure = closeFrom(&actions, STDERR_FILENO + 1)
+            guard failure == 0 else { throw LaunchError(description: "cannot start \(executable): \(Self.errorText(failure))") }
         }
 
         var attributes = posix_spawnattr_t()
@@ -259,9 +300,11 @@ private struct SpawnPlan {
         var noSignals = sigset_t()
         sigemptyset(&noSignals)
         posix_spawnattr_setsigmask(&attributes, &noSignals)
+        // Every signal the parent ignores or handles starts at its default in the child.
         var defaults = sigset_t()
-        sigemptyset(&defaults)
-        for signal in [SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD, SIGUSR1, SIGUSR2] { sigaddset(&defaults, signal) }
+        sigfillset(&defaults)
+        sigdelset(&defaults, SIGKILL)
+        sigdelset(&defaults, SIGSTOP)
         posix_spawnattr_setsigdefault(&attributes, &defaults)
         posix_spawnattr_setpgroup(&attributes, 0)
         posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))

@@ -1,3 +1,4 @@
+import Foundation
 import Synchronization
 
 #if canImport(Glibc)
@@ -39,6 +40,14 @@ public final class PipeReader: Sendable {
         while case let chunk = read(), !chunk.isEmpty { all += chunk }
         return all
     }
+
+    /// ``readToEnd()`` on a thread of its own: a blocking read must not hold one of the few
+    /// threads Swift's concurrency runs every task on.
+    public func collect() async -> [UInt8] {
+        await withCheckedContinuation { continuation in
+            Thread { continuation.resume(returning: self.readToEnd()) }.start()
+        }
+    }
 }
 
 /// The parent's write end of a child's stdin.
@@ -54,8 +63,9 @@ public final class PipeWriter: Sendable {
         close()
     }
 
-    /// Writes every byte (waiting while the pipe is full). False if the pipe is closed, on
-    /// either side.
+    /// Writes every byte, waiting while the pipe is full (and holding up ``close()`` from other
+    /// threads meanwhile; a child that stopped reading must be signalled). False if the pipe is
+    /// closed, on either side.
     @discardableResult
     public func write(_ bytes: [UInt8]) -> Bool {
         descriptor.withLock { descriptor in

@@ -83,7 +83,7 @@ struct SchemaTests {
             executable: "/usr/bin/env", arguments: ["python3", root.appendingPathComponent("scripts/check_schemas.py").path] + arguments,
             standardOutput: .pipe, standardError: .standardOutput
         )
-        let output = String(decoding: process.standardOutput?.readToEnd() ?? [], as: UTF8.self)
+        let output = String(decoding: await process.standardOutput?.collect() ?? [], as: UTF8.self)
         return (await process.waitForExit().status, output)
     }
 }

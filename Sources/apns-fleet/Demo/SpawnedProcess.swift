@@ -10,7 +10,7 @@ import UnixSignals
 /// ``stopChildrenOnSignal()`` first, or an interrupted demo leaves kafka-dev, the simulator and
 /// the workers running.
 final class SpawnedProcess: Sendable {
-    /// Every child started, for a signal to stop those still running.
+    /// The children started (and still running when the last one started), for a signal to stop.
     private static let launched = Mutex<[LaunchedProcess]>([])
     let name: String
     let logPath: String
@@ -31,7 +31,10 @@ final class SpawnedProcess: Sendable {
         } catch {
             throw CommandFailure("cannot start \(name): \(error)")
         }
-        Self.launched.withLock { $0.append(process) }
+        Self.launched.withLock { launched in
+            launched.removeAll { !$0.isRunning }
+            launched.append(process)
+        }
     }
 
     private static var running: [LaunchedProcess] { launched.withLock { $0.filter(\.isRunning) } }

@@ -475,9 +475,9 @@ final class ReliabilityFleet: Sendable {
             for (key, position) in missing.prefix(10) {
                 let jobID = String(key.prefix { $0 != "/" })
                 // Whether a result was written at all (then the reader missed it) or not (the fleet did).
-                let inKafka = Self.grepTopic(bootstrap: bootstrap, topic: topics.results, for: jobID)
-                let inRetry = Self.grepTopic(bootstrap: bootstrap, topic: "apns.jobs.retry", for: jobID)
-                let inJobs = Self.grepTopic(bootstrap: bootstrap, topic: topics.jobs, for: jobID)
+                let inKafka = await Self.grepTopic(bootstrap: bootstrap, topic: topics.results, for: jobID)
+                let inRetry = await Self.grepTopic(bootstrap: bootstrap, topic: "apns.jobs.retry", for: jobID)
+                let inJobs = await Self.grepTopic(bootstrap: bootstrap, topic: topics.jobs, for: jobID)
                 note("missing \(key.prefix(40))… job at \(position); in apns.jobs: \(inJobs); results in apns.results: \(inKafka), copies in apns.jobs.retry: \(inRetry)")
             }
             throw error
@@ -548,12 +548,12 @@ final class ReliabilityFleet: Sendable {
     }
 
     /// How many records of `topic` contain `text`, read from the start with kcat (diagnostics only).
-    static func grepTopic(bootstrap: String, topic: String, for text: String) -> String {
+    static func grepTopic(bootstrap: String, topic: String, for text: String) async -> String {
         let script = #"timeout 20 kcat -b "$0" -C -t "$1" -e -q -f '%p@%o %s\n' 2>/dev/null | grep -F -- "$2" | head -5"#
         guard let process = try? LaunchedProcess(executable: "/bin/sh", arguments: ["-c", script, bootstrap, topic, text], standardOutput: .pipe) else {
             return "kcat unavailable"
         }
-        let lines = String(decoding: process.standardOutput?.readToEnd() ?? [], as: UTF8.self).split(separator: "\n")
+        let lines = String(decoding: await process.standardOutput?.collect() ?? [], as: UTF8.self).split(separator: "\n")
         return lines.isEmpty ? "none" : "\(lines.count): " + lines.map { String($0.prefix(60)) }.joined(separator: " | ")
     }
 
