@@ -516,7 +516,7 @@ final class InProcessFleet: Sendable {
 
     static func start(
         behaviour: APNsSimulatorConfiguration.Behaviour, retry: RetryPolicy, maxInFlight: Int, workerLogs: Collected<CapturedLog>? = nil,
-        messageMaxBytes: Int? = nil, refusedAbove: Int? = nil
+        messageMaxBytes: Int? = nil, refusedAbove: Int? = nil, drainTimeout: Duration? = nil, requestTimeout: Duration = .seconds(10)
     ) async throws -> InProcessFleet {
         var logger = Logger(label: "retry-path-test")
         logger.logLevel = .error
@@ -539,13 +539,14 @@ final class InProcessFleet: Sendable {
         let clients = try APNsClients(apps: [app], logger: logger)
         var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
         consumerConfiguration.sessionTimeout = .seconds(6)
+        if let drainTimeout { consumerConfiguration.drainTimeout = drainTimeout }
         let revocations = RevocationForwarder()
         let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger, onRevoke: revocations.handler, onLoss: revocations.lossHandler)
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: logger)
         let worker = PushWorker(
             configuration: .init(fleet: fleet, workerID: "w-retry", maxInFlight: maxInFlight),
             consumer: consumer, producer: producer,
-            sender: APNsClientSender(clients: clients, requestTimeout: .seconds(10)),
+            sender: APNsClientSender(clients: clients, requestTimeout: requestTimeout),
             logger: workerLogs.map { sink in Logger(label: "push-worker") { _ in CapturingLogHandler(sink: sink) } } ?? logger,
             revocations: revocations
         )
@@ -642,10 +643,13 @@ extension RetryPathTests {
     @Test("a revocation while the loop waits for slots leaves the revoked partitions' waiting jobs at once, not once the slots free up")
     func revocationWakesTheLoopWaitingForSlots() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
-        // Under the drain timeout (10 s): a drain that waited for the slots would end when the
+        // Longer than the rebalance takes on a busy host (8 s was not, once), and under the
+        // drain and request timeouts: a drain that waited for the slots would end when the
         // answer came, not at its timeout.
-        behaviour.latency = .seconds(8)
-        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10)
+        behaviour.latency = .seconds(20)
+        let fleet = try await InProcessFleet.start(
+            behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10, drainTimeout: .seconds(40), requestTimeout: .seconds(40)
+        )
         let simulator = fleet.backends.simulator
         // A second member subscribed to the jobs topic only: the rebalance moves jobs partitions
         // to it, while the retry topic, where the slow notification in flight came from, stays.
@@ -665,17 +669,19 @@ extension RetryPathTests {
             )
         }
         let phase = Shared(0)
-        let revokedWith = Shared<(results: Int, requests: Int)?>(nil)
+        let heldAt = Shared<ContinuousClock.Instant?>(nil)
+        let revokedWith = Shared<(results: Int, requests: Int, at: ContinuousClock.Instant)?>(nil)
         _ = try await fleet.run([holder], timeout: 90) { results, _ in
             switch phase.value {
             case 0 where simulator.counters.snapshot().totals.requests == 1:
+                heldAt.update { $0 = .now }
                 for job in jobs { try await fleet.publish(job) }
                 phase.update { $0 = 1 }
             case 1 where fleet.worker.limiter.queuedAcquires == 1 && fleet.consumer.assignment.count == 6:
                 otherRun.update { $0 = Task { try await other.run() } }
                 phase.update { $0 = 2 }
             case 2 where fleet.consumer.assignment.count < 6:
-                revokedWith.update { $0 = (results.count, simulator.counters.snapshot().totals.requests) }
+                revokedWith.update { $0 = (results.count, simulator.counters.snapshot().totals.requests, .now) }
                 phase.update { $0 = 3 }
             case 3 where !other.assignment.isEmpty:
                 // Closed only once its group has synced: librdkafka 2.0.2 aborts destroying a
@@ -689,6 +695,10 @@ extension RetryPathTests {
         other.close()
         try await otherRun.value?.value
         let revoked = try #require(revokedWith.value, "no partition moved")
+        let held = try #require(heldAt.value)
+        // Seen by the time the revocation ends, not only by the results read: the answer's result
+        // may still be on its way to the reader.
+        #expect(held.duration(to: revoked.at) < behaviour.latency, "the revocation waited for the notification in flight, which stays, to free its slot")
         #expect(revoked.results == 0, "the revocation waited for the notification in flight, which stays, to free its slot")
         #expect(revoked.requests == 1, "no waiting job was started")
     }
