@@ -113,6 +113,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var tokenSchedule: ProviderTokenSchedule
     @exclusivity(unchecked) private var authorization: String?
     @exclusivity(unchecked) private var ready = false
+    /// The connect timeout fired before SETTINGS came: the connection is being given up.
+    @exclusivity(unchecked) private var connectTimedOut = false
     @exclusivity(unchecked) private var unusable = false
     @exclusivity(unchecked) private var closed = false
     @exclusivity(unchecked) private var goAwayLastStreamID: Int32?
@@ -247,6 +249,7 @@ final class APNsConnection: @unchecked Sendable {
             // SETTINGS may have come just before, with this task not cancelled yet: the
             // connection is in use by then and must stay open.
             guard !ready else { return }
+            connectTimedOut = true
             readyPromise.fail(APNsClientError(.connect, "no HTTP/2 SETTINGS from \(endpoint.host):\(endpoint.port) within \(configuration.connectTimeout)"))
             self.channel?.close(promise: nil)
         }
@@ -343,7 +346,10 @@ final class APNsConnection: @unchecked Sendable {
         batch.removeAll(keepingCapacity: true)
         spareBatch = batch
         if sweepIsIdle, !streams.isEmpty { sweepSoon() }
-        session?.flush()
+        // Not once closed: requests whose HEADERS were still queued were reported as never
+        // sent, and retried elsewhere; a flush now could still write them (and the resets
+        // queued with them free the streams they wait for).
+        if !closed { session?.flush() }
         flushCompletions()
     }
 
@@ -675,6 +681,9 @@ final class APNsConnection: @unchecked Sendable {
 
     fileprivate func receivedSettings(_ settings: [HTTP2Setting]) {
         let limit = settings.last { $0.identifier == .maxConcurrentStreams }?.value
+        // SETTINGS that come while the connection closes after its connect timeout (a TLS close
+        // waits for the peer) must not make it usable: the pool has given up on it.
+        guard !connectTimedOut else { return }
         if !ready {
             ready = true
             metrics.connectionEvent("ready")

@@ -256,7 +256,8 @@ public struct PoolAssignment<Waiter> {
 
     /// Removes a waiter that gave up; nil if it was already served.
     public mutating func cancel(ticket: UInt64) -> Waiter? {
-        waiters.removeValue(forKey: ticket)?.waiter
+        defer { compactOrder() }
+        return waiters.removeValue(forKey: ticket)?.waiter
     }
 
     /// Removes and returns the waiters whose deadline is at or before `now`, oldest first. One
@@ -274,7 +275,23 @@ public struct PoolAssignment<Waiter> {
         }
         earliestDeadline = earliestLeft
         for entry in expired { waiters.removeValue(forKey: entry.ticket) }
+        compactOrder()
         return expired.sorted { $0.ticket < $1.ticket }.map(\.waiter)
+    }
+
+    /// Tickets in the FIFO, given up ones included (for tests).
+    var ticketsQueued: Int { order.count - orderHead }
+
+    /// Drops the tickets of waiters that gave up from the FIFO once they are most of it: only
+    /// serving pops it, so while every waiter times out (streams stuck) it would grow forever.
+    private mutating func compactOrder() {
+        if waiters.isEmpty {
+            order.removeAll(keepingCapacity: order.count <= 4096)
+            orderHead = 0
+        } else if order.count - orderHead > 2 * waiters.count + 1024 {
+            order = order[orderHead...].filter { waiters[$0] != nil }
+            orderHead = 0
+        }
     }
 
     /// Adds a connection (not usable until its SETTINGS arrive).

@@ -172,4 +172,24 @@ struct StateMachineTests {
         let none = pool.expire(now: 1_000)
         #expect(none.isEmpty, "a served waiter is not given up")
     }
+
+    @Test("Waiters that give up leave nothing behind, however long streams stay stuck")
+    func givenUpWaitersDoNotAccumulate() {
+        var pool = PoolAssignment<Int>()
+        pool.add(connection: 1, budget: StreamBudget(localLimit: 1, tokenAuthentication: false))
+        _ = pool.update(connection: 1) { $0.settingsReceived(maxConcurrentStreams: 1) }
+        #expect(pool.acquire() == 1)
+        // The one stream never frees: every waiter times out, one sweep after another, and one
+        // patient waiter stays throughout.
+        pool.enqueue(-1, deadline: .max)
+        for round in 0..<200 {
+            for index in 0..<100 { pool.enqueue(round * 100 + index, deadline: UInt64(round)) }
+            #expect(pool.expire(now: UInt64(round)).count == 100)
+            if round.isMultiple(of: 2) { _ = pool.cancel(ticket: pool.enqueue(0)) }
+        }
+        #expect(pool.waiterCount == 1)
+        #expect(pool.ticketsQueued < 2_000, "\(pool.ticketsQueued) tickets kept for one waiter")
+        let served = pool.update(connection: 1) { $0.close(tokenAccepted: true) }
+        #expect(served.map(\.waiter) == [-1], "the patient waiter keeps its place")
+    }
 }
