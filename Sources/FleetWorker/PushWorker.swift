@@ -290,9 +290,15 @@ public final class PushWorker: Service, Sendable {
             // Its partition moved on meanwhile: the new owner sends it.
             guard consumer.isCurrent(record) else { return }
             let weight = Self.weight(of: record)
-            await limiter.acquire(weight)
-            // Waiting for slots can take long under back-pressure; the partition may be gone,
-            // or going, and a revocation's drain must not wait for work that had not started.
+            // Waiting for slots can take long under back-pressure, and the record counts as in
+            // progress meanwhile: a revocation of its partition (which interrupts the wait)
+            // hands it back at once, rather than its drain waiting for slots to free up.
+            while !(await limiter.acquire(weight, unless: { consumer.isRevoking(partition) || !consumer.isCurrent(record) })) {
+                if !consumer.isCurrent(record) { return }
+                if consumer.isRevoking(partition) { return await handBack(record) }
+                // Another partition's revocation: wait again.
+            }
+            // The partition may also have gone, or started going, just as the slots came.
             if !consumer.isCurrent(record) {
                 limiter.release(weight)
             } else if consumer.isRevoking(partition) {

@@ -640,6 +640,67 @@ final class InProcessFleet: Sendable {
 }
 
 extension RetryPathTests {
+    @Test("a due retry record waiting for a slot is handed back when its partition is revoked, not once the slot frees up")
+    func revocationHandsBackADueRetryWaitingForASlot() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        // As in the test below: longer than a rebalance, under the drain and request timeouts.
+        behaviour.latency = .seconds(20)
+        let fleet = try await InProcessFleet.start(
+            behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10, drainTimeout: .seconds(40), requestTimeout: .seconds(40)
+        )
+        let simulator = fleet.backends.simulator
+        // The other member takes jobs partitions only; the retry topic, where the slot's holder
+        // came from, stays.
+        var otherConfiguration = KafkaConsumerConfiguration(client: fleet.backends.client, groupID: "push", topics: [fleet.topics.jobs])
+        otherConfiguration.sessionTimeout = .seconds(6)
+        let other = try KafkaConsumer(configuration: otherConfiguration, logger: fleet.logger)
+        let otherRun = Shared<Task<Void, any Error>?>(nil)
+        defer { other.close() }
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let holder = fleet.retryRecord(token: InProcessFleet.token(900), notBefore: now - 1000)
+        // A retry record for ten tokens on a jobs partition (any record with retry headers
+        // waits for its not-before): due a second after it is published, then waiting for all
+        // ten slots while the holder takes one (below the pause watermark, so it is fetched).
+        let tokens = (0..<10).map { InProcessFleet.token(910 + $0) }
+        @Sendable func waiting() -> KafkaOutgoingMessage {
+            let notBefore = UnixMillis(Int64(Date().timeIntervalSince1970 * 1000) + 1000)
+            let headers = RetryHeaders(attempt: 1, notBefore: notBefore, lastReason: "ServiceUnavailable").headers
+                + [RecordHeader("job-id", "wide-later"), RecordHeader("retry-tokens", tokens.joined(separator: ","))]
+            let value = #"{"id":"wide-later","tokens":[\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))],"payload":{}}"#
+            return KafkaOutgoingMessage(topic: fleet.topics.jobs, partition: 0, key: nil, value: Array(value.utf8), headers: headers)
+        }
+        let waitingValue = waiting().value
+        let phase = Shared(0)
+        let heldAt = Shared<ContinuousClock.Instant?>(nil)
+        let revokedAt = Shared<ContinuousClock.Instant?>(nil)
+        let outcome = try await fleet.run([holder], timeout: 90) { _, retries in
+            switch phase.value {
+            case 0 where simulator.counters.snapshot().totals.requests == 1:
+                heldAt.update { $0 = .now }
+                try await fleet.publish(waiting())
+                phase.update { $0 = 1 }
+            case 1 where fleet.worker.limiter.queuedAcquires == 1 && fleet.worker.waitingRetries == 0 && fleet.consumer.assignment.count == 6:
+                otherRun.update { $0 = Task { try await other.run() } }
+                phase.update { $0 = 2 }
+            case 2 where fleet.consumer.assignment.count < 6:
+                revokedAt.update { $0 = .now }
+                phase.update { $0 = 3 }
+            case 3 where !other.assignment.isEmpty && retries.contains(where: { $0.value == waitingValue }):
+                phase.update { $0 = 4 }
+            default:
+                break
+            }
+            return phase.value == 4
+        }
+        other.close()
+        try await otherRun.value?.value
+        let held = try #require(heldAt.value)
+        let revoked = try #require(revokedAt.value, "no partition moved (phase \(phase.value), queued \(fleet.worker.limiter.queuedAcquires), waiting \(fleet.worker.waitingRetries), assigned \(fleet.consumer.assignment.count), requests \(simulator.counters.snapshot().totals.requests))")
+        #expect(held.duration(to: revoked) < behaviour.latency, "the revocation waited for the slot the retry record wanted")
+        #expect(outcome.retries.contains { $0.value == waitingValue }, "handed back to the retry topic")
+        #expect(simulator.counters.snapshot().totals.requests == 1, "the waiting record was not sent here")
+    }
+
     @Test("a revocation while the loop waits for slots leaves the revoked partitions' waiting jobs at once, not once the slots free up")
     func revocationWakesTheLoopWaitingForSlots() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
