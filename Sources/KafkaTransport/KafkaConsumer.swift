@@ -902,7 +902,7 @@ final class ConsumerCore: @unchecked Sendable {
             }
             if cooperative {
                 if let error = rd_kafka_incremental_assign(rk, list) {
-                    logger.error("\(KafkaError(code: .rebalance, message: "incremental assign failed", consuming: error))")
+                    stopAfterFailedRebalanceCall(rk, KafkaError(code: .rebalance, message: "incremental assign failed", consuming: error))
                 }
             } else {
                 let error = rd_kafka_assign(rk, list)
@@ -946,7 +946,7 @@ final class ConsumerCore: @unchecked Sendable {
             forget(partitions)
             if cooperative {
                 if let error = rd_kafka_incremental_unassign(rk, list) {
-                    logger.error("\(KafkaError(code: .rebalance, message: "incremental unassign failed", consuming: error))")
+                    stopAfterFailedRebalanceCall(rk, KafkaError(code: .rebalance, message: "incremental unassign failed", consuming: error))
                 }
             } else {
                 _ = rd_kafka_assign(rk, nil)
@@ -972,6 +972,19 @@ final class ConsumerCore: @unchecked Sendable {
                 _ = rd_kafka_assign(rk, nil)
             }
         }
+    }
+
+    /// librdkafka 2.0.2 pauses every assigned partition before it hands a cooperative rebalance
+    /// to the application, and resumes them only when the incremental assign or unassign
+    /// succeeds; after a failure the group waits for a call that will not come. The member
+    /// would sit on its partitions fetching nothing, ready by every measure, until the next
+    /// rebalance: stop instead (as on a fatal error), so the group hands them to others.
+    private func stopAfterFailedRebalanceCall(_ rk: OpaquePointer, _ error: KafkaError) {
+        guard let context = ClientContext.from(rk) else {
+            logger.error("\(error)")
+            return
+        }
+        context.recordFatal(error, cause: "a rebalance left this consumer unable to fetch")
     }
 
     /// Gives up `partitions` without storing anything for them: their unfinished records are

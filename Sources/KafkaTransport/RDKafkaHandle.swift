@@ -75,10 +75,10 @@ final class ClientContext: Sendable {
         return line[..<equals.upperBound] + "[redacted]"
     }
 
-    func recordFatal(_ error: KafkaError) {
+    func recordFatal(_ error: KafkaError, cause: String = "librdkafka raised a fatal error") {
         fatalError.withLock { $0 = $0 ?? error }
         isFatal.store(true, ordering: .releasing)
-        logger.critical("librdkafka raised a fatal error; this client is unusable and the process stops", metadata: ["kafka.error": "\(error)"])
+        logger.critical("\(cause); this client is unusable and the process stops", metadata: ["kafka.error": "\(error)"])
     }
 
     func error(code: Int32, reason: String) {
