@@ -9,8 +9,10 @@ import Synchronization
 ///
 /// Every message gets its own delivery report: ``send(_:)`` returns when the broker acknowledged
 /// the message (or throws the reason it never will), and ``send(_:onDelivery:)`` calls its closure
-/// once, on the producer's polling thread. Enqueue errors come back from `rd_kafka_produceva`'s
-/// own error object, never from librdkafka's thread-local last error.
+/// once, on the producer's polling thread (or, at shutdown, the thread that flushes: `rd_kafka_flush`
+/// polls too, so reports may come from either, never both for one message). Enqueue errors come
+/// back from `rd_kafka_produceva`'s own error object, never from librdkafka's thread-local last
+/// error.
 ///
 /// A dedicated thread polls librdkafka for delivery reports from `init` until shutdown. As a
 /// `Service`, ``run()`` waits for graceful shutdown, then flushes with a deadline.
@@ -84,7 +86,7 @@ public final class KafkaProducer: Service, Sendable {
         }
     }
 
-    /// Enqueues one message; `onDelivery` is called exactly once, on the polling thread, with the
+    /// Enqueues one message; `onDelivery` is called exactly once, on the polling (or flushing) thread, with the
     /// outcome. Keep it short. Throws (and never calls `onDelivery`) when librdkafka refuses the
     /// message, e.g. ``KafkaError/Code/queueFull`` (retryable) or an unknown partition.
     public func send(
@@ -96,7 +98,7 @@ public final class KafkaProducer: Service, Sendable {
     }
 
     /// Enqueues one message whose delivery report goes to `recipient`'s
-    /// ``KafkaDeliveryRecipient/kafkaDelivered(_:)``, exactly once, on the polling thread.
+    /// ``KafkaDeliveryRecipient/kafkaDelivered(_:)``, exactly once, on the polling (or flushing) thread.
     /// Unlike ``send(_:onDelivery:)`` it makes no handler or closure per message: librdkafka
     /// carries the recipient itself. Throws (and never reports) when librdkafka refuses the
     /// message. Messages still queued when the producer stops without draining (see
