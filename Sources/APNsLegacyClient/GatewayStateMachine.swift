@@ -310,7 +310,12 @@ struct GatewayStateMachine<Waiter> {
         }
         entries = [:]
         pending = []
-        for id in connections.keys { connections[id]?.window = [] }
+        for id in connections.keys {
+            // The window and its count of unwritten PDUs go together: a write completing later
+            // would otherwise index an empty window.
+            connections[id]?.window = []
+            connections[id]?.unstamped = 0
+        }
         return actions
     }
 

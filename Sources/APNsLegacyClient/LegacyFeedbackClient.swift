@@ -160,7 +160,9 @@ public struct LegacyFeedbackClient: Sendable {
         try? await channel.closeFuture.get()
         // Whatever arrived between the end and the close.
         await deliverWhatWasRead()
-        let (leftover, bytes, failure) = reader.state.withLock { ($0.decoder.leftoverByteCount, $0.bytesRead, $0.failure) }
+        let (leftover, bytes, failure, malformed) = reader.state.withLock {
+            ($0.decoder.leftoverByteCount, $0.bytesRead, $0.failure, $0.decoder.malformation != nil)
+        }
 
         var problem: String?
         switch ending {
@@ -174,7 +176,7 @@ public struct LegacyFeedbackClient: Sendable {
         case .timedOut:
             problem = "the deadline (\(timeout)) passed before the service closed the connection"
         }
-        if leftover > 0 {
+        if leftover > 0, !malformed {
             problem = [problem, "the stream ended inside a tuple (\(leftover) bytes left over)"].compactMap { $0 }.joined(separator: "; ")
         }
         if let problem {
@@ -283,18 +285,21 @@ private final class FeedbackReader: ChannelDuplexHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         let buffer = unwrapInboundIn(data)
-        let full = shared.state.withLock { state in
+        let (full, malformed) = shared.state.withLock { state in
             state.bytesRead += buffer.readableBytes
             state.lastActivity = .now()
             buffer.withUnsafeReadableBytes { state.decoder.append($0) }
             let before = state.tuples.count
             while let tuple = state.decoder.next() { state.tuples.append(tuple) }
+            if let malformation = state.decoder.malformation, state.failure == nil { state.failure = malformation }
             // Signalled once, when the chunk fills up; reading pauses from then on.
-            guard before < shared.chunkSize, state.tuples.count >= shared.chunkSize else { return false }
+            guard before < shared.chunkSize, state.tuples.count >= shared.chunkSize else { return (false, state.decoder.malformation != nil) }
             if state.pausedSince == nil { state.pausedSince = .now() }
-            return true
+            return (true, state.decoder.malformation != nil)
         }
         if full { shared.signal.yield(.chunk) }
+        // The whole tuples before it are kept (the close ends the poll as `closed`, with the reason).
+        if malformed { context.close(promise: nil) }
     }
 
     func read(context: ChannelHandlerContext) {

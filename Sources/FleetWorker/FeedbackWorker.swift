@@ -218,8 +218,9 @@ public final class FeedbackWorker: Service, Sendable {
         do {
             try await service.fetch(configuration.pollTimeout) { tuples in
                 var events: [TokenEvent] = []
+                let polledAt = UnixMillis(Int64(Date().timeIntervalSince1970 * 1000))
                 for tuple in tuples {
-                    guard let event = TokenEvent(feedback: tuple, topic: service.topic, app: service.app) else {
+                    guard let event = TokenEvent(feedback: tuple, topic: service.topic, app: service.app, polledAt: polledAt) else {
                         unusable.count += 1
                         unusable.tokenBytes.insert(tuple.token.count)
                         continue

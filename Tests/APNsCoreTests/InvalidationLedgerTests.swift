@@ -114,14 +114,20 @@ struct InvalidationLedgerTests {
         #expect(later, "far later: news")
     }
 
-    @Test("a feedback tuple becomes an Unregistered event at the tuple's time")
+    @Test("a feedback tuple becomes an Unregistered event at the tuple's time, unless that is later than the poll can explain")
     func feedbackTuple() throws {
+        let polledAt = UnixMillis(1_767_300_000_000)
         let tuple = FeedbackTuple(timestamp: 1_767_225_600, token: Array(repeating: 0xAB, count: 32))
-        let event = try #require(TokenEvent(feedback: tuple, topic: "com.example.app", app: "legacy"))
+        let event = try #require(TokenEvent(feedback: tuple, topic: "com.example.app", app: "legacy", polledAt: polledAt))
         #expect(event.token == Self.token)
         #expect(event.invalidatedAt == 1_767_225_600_000)
         #expect(event.source == .feedbackService && event.reason == "Unregistered")
         #expect(event.key == "com.example.app/\(Self.token)")
-        #expect(TokenEvent(feedback: FeedbackTuple(timestamp: 1, token: [1, 2]), topic: "t", app: nil) == nil, "not a device token")
+        #expect(TokenEvent(feedback: FeedbackTuple(timestamp: 1, token: [1, 2]), topic: "t", app: nil, polledAt: polledAt) == nil, "not a device token")
+        // 2106, from a skewed clock: readers would keep the token dead over every registration.
+        let far = try #require(TokenEvent(feedback: FeedbackTuple(timestamp: .max, token: tuple.token), topic: "t", app: nil, polledAt: polledAt))
+        #expect(far.invalidatedAt == polledAt.value)
+        let withinADay = try #require(TokenEvent(feedback: FeedbackTuple(timestamp: 1_767_300_000 + 3600, token: tuple.token), topic: "t", app: nil, polledAt: polledAt))
+        #expect(withinADay.invalidatedAt == (1_767_300_000 + 3600) * 1000, "clock skew of an hour is kept")
     }
 }

@@ -135,4 +135,25 @@ struct LegacyPDUTests {
         decoder.append([0x26, 0x96, 0xA2, 0x10, 0x00, 0x20] + token)
         #expect(decoder.next() == FeedbackTuple(timestamp: 0x2696_A210, token: token))
     }
+
+    @Test("a tuple stating an impossible token length stops decoding there; what came before is kept")
+    func feedbackTokenLength() {
+        let good = FeedbackTuple(timestamp: 0x2696_A210, token: token)
+        // A 65,535-byte "token": a stream that is not feedback tuples, or lost its alignment.
+        let bad: [UInt8] = [0x26, 0x96, 0xA2, 0x11, 0xFF, 0xFF] + Array(repeating: 0x41, count: 100)
+        var decoder = FeedbackTupleDecoder()
+        decoder.append(good.encoded() + bad)
+        #expect(decoder.next() == good)
+        #expect(decoder.next() == nil)
+        #expect(decoder.malformation?.contains("65535-byte token") == true, "\(decoder.malformation ?? "")")
+        // The rest is counted, not kept, and nothing more is decoded from it.
+        decoder.append(good.encoded())
+        #expect(decoder.next() == nil)
+        #expect(decoder.leftoverByteCount == bad.count + good.encoded().count)
+        for length in [0, 31, 101] {
+            var short = FeedbackTupleDecoder()
+            short.append([0, 0, 0, 1, 0, UInt8(length)] + Array(repeating: 1, count: length))
+            #expect(short.next() == nil && short.malformation != nil, "\(length)-byte token")
+        }
+    }
 }

@@ -74,15 +74,19 @@ public struct TokenEvent: Sendable, Hashable {
 
     /// The event of a legacy feedback tuple: the app stopped answering on that device at the
     /// tuple's time (seconds, as the feedback service reports it). Nil when the tuple's token is
-    /// not a device token.
-    public init?(feedback tuple: FeedbackTuple, topic: String, app: String?) {
+    /// not a device token. As with a 410's timestamp, a time more than a day after the poll
+    /// (`polledAt`) cannot be the service's: the poll's time stands instead, rather than an
+    /// event readers would keep over every registration until then.
+    public init?(feedback tuple: FeedbackTuple, topic: String, app: String?, polledAt: UnixMillis) {
         guard let token = try? DeviceToken(bytes: tuple.token) else { return nil }
+        let stated = Int64(tuple.timestamp) * 1000
+        let latest = polledAt.value.addingReportingOverflow(Self.clockSkewMilliseconds)
         self.init(
             token: token.hex,
             topic: topic,
             app: app,
             reason: APNsReason.unregistered.rawValue,
-            invalidatedAt: Int64(tuple.timestamp) * 1000,
+            invalidatedAt: latest.overflow || stated <= latest.partialValue ? stated : polledAt.value,
             source: .feedbackService
         )
     }

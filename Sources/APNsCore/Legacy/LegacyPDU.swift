@@ -260,9 +260,10 @@ public struct LegacyGatewayDecoder: Sendable {
 
         default:
             // Like Apple's gateway and the reference test server: answer with the bytes where an
-            // enhanced identifier would be, so the sender can still correlate.
-            let identifier = available >= 5 ? u32(1) : 0
-            return malformed(.processingError, identifier, "unknown command \(b[s])")
+            // enhanced identifier would be, so the sender can still correlate (waiting for them,
+            // so that the answer does not depend on how TCP cut the stream).
+            guard available >= 5 else { return .needMoreBytes }
+            return malformed(.processingError, u32(1), "unknown command \(b[s])")
         }
     }
 }
@@ -271,10 +272,24 @@ public struct LegacyGatewayDecoder: Sendable {
 public struct FeedbackTupleDecoder: Sendable {
     private var buffer: [UInt8] = []
     private var start = 0
+    /// Token lengths a tuple may state: those of device tokens (32 bytes from Apple's service;
+    /// `DeviceToken` takes up to 100). Any other means the stream is not feedback tuples, or
+    /// has lost its alignment: a 65,535-byte "token" per tuple would otherwise be buffered,
+    /// tens of thousands of them before reading pauses, and garbage published as dead tokens.
+    public static let tokenLengths = 32...100
+
+    /// Why decoding stopped: a tuple stated an impossible token length. Nothing after it is read.
+    public private(set) var malformation: String?
+    /// Bytes from the malformed tuple on, counted rather than kept.
+    private var discarded = 0
 
     public init() {}
 
     public mutating func append(_ bytes: some Sequence<UInt8>) {
+        guard malformation == nil else {
+            discarded += bytes.reduce(0) { count, _ in count + 1 }
+            return
+        }
         if start > 4096 && start * 2 > buffer.count {
             buffer.removeFirst(start)
             start = 0
@@ -284,8 +299,16 @@ public struct FeedbackTupleDecoder: Sendable {
 
     /// The next complete tuple, or nil until more bytes arrive.
     public mutating func next() -> FeedbackTuple? {
-        guard buffer.count - start >= 6 else { return nil }
+        guard malformation == nil, buffer.count - start >= 6 else { return nil }
         let length = Int(buffer[start + 4]) << 8 | Int(buffer[start + 5])
+        guard Self.tokenLengths.contains(length) else {
+            malformation = "a tuple states a \(length)-byte token (device tokens are \(Self.tokenLengths.lowerBound) to \(Self.tokenLengths.upperBound)); "
+                + "the stream is not feedback tuples from there"
+            discarded = buffer.count - start
+            buffer = []
+            start = 0
+            return nil
+        }
         guard buffer.count - start >= 6 + length else { return nil }
         let tuple = FeedbackTuple(
             timestamp: UInt32(bigEndianBytes: buffer[start..<(start + 4)]),
@@ -295,8 +318,9 @@ public struct FeedbackTupleDecoder: Sendable {
         return tuple
     }
 
-    /// Bytes of an incomplete tuple left when the server closed: non-zero means a cut stream.
-    public var leftoverByteCount: Int { buffer.count - start }
+    /// Bytes of an incomplete tuple left when the server closed (non-zero means a cut stream),
+    /// or, after a malformation, every byte from the malformed tuple on.
+    public var leftoverByteCount: Int { malformation == nil ? buffer.count - start : discarded }
 }
 
 /// A hex dump in the reference test server's layout: offset, 16 bytes in groups of two, ASCII.

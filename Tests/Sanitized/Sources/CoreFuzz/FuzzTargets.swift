@@ -169,14 +169,14 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         check(whole.0 == split.0 && whole.1 == split.1, "the gateway decoder does not depend on how the stream is cut: whole \(whole), split \(split)")
     }
 
-    static func decodeFeedback(_ stream: ArraySlice<UInt8>, chunks: [Range<Int>]) -> ([FeedbackTuple], Int) {
+    static func decodeFeedback(_ stream: ArraySlice<UInt8>, chunks: [Range<Int>]) -> ([FeedbackTuple], Int, String?) {
         var decoder = FeedbackTupleDecoder()
         var tuples: [FeedbackTuple] = []
         for chunk in chunks {
             decoder.append(stream[(stream.startIndex + chunk.lowerBound)..<(stream.startIndex + chunk.upperBound)])
             while let tuple = decoder.next() { tuples.append(tuple) }
         }
-        return (tuples, decoder.leftoverByteCount)
+        return (tuples, decoder.leftoverByteCount, decoder.malformation)
     }
 
     static func feedback(_ data: [UInt8]) {
@@ -184,7 +184,8 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         let stream = data[1...]
         let whole = decodeFeedback(stream, chunks: [0..<stream.count])
         let split = decodeFeedback(stream, chunks: chunks(seed: seed, count: stream.count))
-        check(whole.0 == split.0 && whole.1 == split.1, "the feedback decoder does not depend on how the stream is cut")
+        check(whole.0 == split.0 && whole.1 == split.1 && whole.2 == split.2, "the feedback decoder does not depend on how the stream is cut")
+        check(whole.0.allSatisfy { FeedbackTupleDecoder.tokenLengths.contains($0.token.count) }, "every tuple has a device token's length")
         let reencoded = whole.0.flatMap { $0.encoded() }
         check(reencoded == Array(stream.prefix(reencoded.count)), "feedback tuples re-encode to the stream's bytes")
         check(reencoded.count + whole.1 == stream.count, "every byte is a tuple or leftover")
