@@ -116,6 +116,12 @@ public final class APNsClients: Service, Sendable {
     }
 
     public func run() async throws {
+        // No HTTP/2 app (every one uses the binary interface): nothing to run, but a service
+        // that returns early stops its whole group, so stay until asked to stop.
+        guard !pools.isEmpty else {
+            try? await gracefulShutdown()
+            return
+        }
         try await withThrowingDiscardingTaskGroup { group in
             for pool in pools.values {
                 group.addTask { try await pool.run() }

@@ -114,3 +114,55 @@ struct WorkerProcessTests {
         #expect(seen.keys.count == expected.count, "no result for a notification that was never asked for")
     }
 }
+
+extension WorkerProcessTests {
+    @Test("a worker whose every app uses the binary interface stays up, delivers, and drains on SIGTERM")
+    func binaryOnlyWorker() async throws {
+        let backends = try await ProcessFleetBackends.start(name: "binary-only", partitions: 2) { configuration in
+            configuration.listeners.legacyGatewayTLSPort = 0
+        }
+        defer { backends.kill() }
+        let gateway = try #require(backends.simulator.port(.legacyGatewayTLS))
+        func path(_ file: String) -> String { (backends.directory as NSString).appendingPathComponent(file) }
+        let config = path("fleet-binary.yaml")
+        try """
+            kafka:
+              bootstrap-servers: \(backends.kafka.bootstrap)
+              properties: [session.timeout.ms=6000]
+            apps: [legacy]
+            app:
+              legacy:
+                auth: certificate
+                certificate-file: \(path(backends.summary.clientCertificateFile))
+                private-key-file: \(path(backends.summary.clientKeyFile))
+                protocol: binary
+                legacy-gateway: 127.0.0.1:\(gateway)
+                ca-file: \(path(backends.summary.caFile))
+                topic: com.example.app
+                legacy-quiet-period-ms: 200
+            admin:
+              port: 0
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+
+        let worker = try startWorker(binary: backends.binary, config: config, id: "w-binary")
+        defer { worker.kill() }
+        let port = try await worker.adminPort()
+        do {
+            try await waitUntil("the worker to be ready", timeout: 30) { (try? httpGet(port: port, path: "/readyz").status) == 200 }
+        } catch {
+            Issue.record("not ready (running: \(worker.isRunning)): \(worker.lines.value.suffix(12).joined(separator: "\n"))")
+            throw error
+        }
+        try await backends.publishJobs(3, prefix: "binary")
+        try await waitUntil("the three notifications to reach the gateway", timeout: 30) {
+            (backends.simulator.legacy?.counts.accepted ?? 0) >= 3
+        }
+        // A service that returned early (the HTTP/2 pools, with no app of theirs) would have
+        // stopped the whole process by now.
+        try await Task.sleep(for: .seconds(2))
+        #expect(worker.isRunning, "\(worker.lines.value.suffix(8))")
+        worker.signal(SIGTERM)
+        #expect(try await worker.waitForExit(timeout: 60) == 0, "\(worker.lines.value.suffix(8))")
+        await backends.simulator.stop(gracePeriod: .zero)
+    }
+}
