@@ -118,7 +118,10 @@ struct FleetProcess {
         } else {
             logger.info("\(stopped), offsets stored, group left")
         }
-        Foundation.exit(0)
+        // `_exit`, as on every other path: `exit` runs atexit handlers (OpenSSL's cleanup among
+        // them) while librdkafka's threads, whose handles are never destroyed, still run.
+        fflush(nil)
+        _exit(0)
     }
 
     /// Ends the process on `error`: logged as `message`, written to standard error, with the
@@ -170,8 +173,23 @@ struct ExitOnFailure: Service {
         do {
             try await base.run()
         } catch {
-            if shuttingDown.isSet || error is CancellationError { throw error }
+            if error is CancellationError { throw error }
+            if shuttingDown.isSet {
+                // ServiceLifecycle logs an error during shutdown only at debug level.
+                logger.error("\(type(of: base)) failed while stopping: \(error)")
+                throw error
+            }
             FleetProcess.exit(after: error, "\(type(of: base)) failed; exiting: \(error)", logger: logger)
         }
+        // Every service runs until asked to stop; one that ends by itself has stopped working
+        // (ServiceLifecycle would then cancel the group and name only this wrapper).
+        if !shuttingDown.isSet, !Task.isCancelled {
+            FleetProcess.exit(after: ServiceEndedEarly(service: "\(type(of: base))"), "\(type(of: base)) ended on its own; exiting", logger: logger)
+        }
     }
+}
+
+struct ServiceEndedEarly: Error, CustomStringConvertible {
+    var service: String
+    var description: String { "\(service) ended before the process was asked to stop" }
 }
