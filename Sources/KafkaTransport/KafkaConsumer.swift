@@ -253,6 +253,10 @@ final class ConsumerCore: @unchecked Sendable {
     private var finished = false
     private var started = false
     private var closeRequested = false
+    /// When the close was first asked for: every drain from then on (one already running in a
+    /// rebalance, then the close's own) ends by that time plus the drain timeout, so that a
+    /// stop stays within the budget the process gives it.
+    private var closeRequestedAt: Date?
     private var revoking: Set<TopicPartition> = []
     /// Records skipped because their offset was not past the last one taken under the same
     /// assignment (the partition's log went back), by partition: the lowest offset and a count.
@@ -327,6 +331,7 @@ final class ConsumerCore: @unchecked Sendable {
     func requestClose() {
         locked {
             closeRequested = true
+            if closeRequestedAt == nil { closeRequestedAt = Date() }
             lock.broadcast()
         }
     }
@@ -1046,14 +1051,16 @@ final class ConsumerCore: @unchecked Sendable {
                 locked { _ = pendingRevocations.remove(id) }
             }
         }
-        let deadline = Date(timeIntervalSinceNow: Double(configuration.drainTimeout.milliseconds) / 1000)
+        let drainSeconds = Double(configuration.drainTimeout.milliseconds) / 1000
+        let deadline = Date(timeIntervalSinceNow: drainSeconds)
         draining.add(1, ordering: .sequentiallyConsistent)
         defer { draining.subtract(1, ordering: .sequentiallyConsistent) }
         lock.lock()
         var timedOut = false
         applyCompletionsLocked()
         while (hookPending && pendingRevocations.contains(id)) || partitions.contains(where: { tracker.inProgress($0) > 0 }) {
-            if Date() >= deadline {
+            let stopBy = closeRequestedAt.map { min(deadline, $0.addingTimeInterval(drainSeconds)) } ?? deadline
+            if Date() >= stopBy {
                 timedOut = true
                 break
             }
