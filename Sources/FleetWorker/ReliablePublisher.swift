@@ -11,6 +11,7 @@ struct ReliablePublisher: Sendable {
     let logger: Logger
     /// A Kafka outage fails every message: one warning each would flood the log.
     let retryLogs = LogThrottle()
+    private let batchTooLargeLogs = LogThrottle()
     /// Publishes still retrying, for readiness: a topic that keeps refusing (missing, or denied
     /// by an ACL) holds its records' slots and partitions' offsets until it is fixed.
     let stalls = PublishStalls()
@@ -59,9 +60,10 @@ struct ReliablePublisher: Sendable {
                 // broker refused whole.
                 guard let smaller = shrunk(message) else {
                     onlyReplacements = false
-                    logger.error("Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
+                    // One per message and round: throttled, or a refused batch floods the log.
+                    batchTooLargeLogs.log(.error, "Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
                         "kafka.topic": "\(message.topic)",
-                    ])
+                    ], to: logger)
                     return [message]
                 }
                 return [smaller]
