@@ -302,6 +302,7 @@ let package = Package(
                 "APNsSimulator",
                 "APNsCore",
                 "APNsHTTP2",
+                "ProcessLaunch",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

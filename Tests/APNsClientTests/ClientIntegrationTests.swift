@@ -1,6 +1,7 @@
 import APNsCore
 import Foundation
 import NIOCore
+import ProcessLaunch
 import Synchronization
 import Testing
 
@@ -421,17 +422,17 @@ struct ClientIntegrationTests {
         let simulator = try await startSimulator(credentials)
         let port = try #require(simulator.port(.http2TLS))
         let p12 = credentials.path("client.p12")
-        let openssl = try Process.run(URL(fileURLWithPath: "/usr/bin/openssl"), arguments: [
+        let openssl = try LaunchedProcess(executable: "/usr/bin/openssl", arguments: [
             "pkcs12", "-export", "-in", credentials.path(credentials.summary.clientCertificateFile),
             "-inkey", credentials.path(credentials.summary.clientKeyFile), "-out", p12, "-passout", "pass:secret",
         ])
-        openssl.waitUntilExit()
+        let made = await openssl.waitForExit() == .exited(0)
         var authentications = [("PEM", try APNsAuthentication.loadPEM(
             certificateFile: credentials.path(credentials.summary.clientCertificateFile),
             privateKeyFile: credentials.path(credentials.summary.clientKeyFile),
             password: nil
         ))]
-        if openssl.terminationStatus == 0 {
+        if made {
             authentications.append(("PKCS#12", try APNsAuthentication.loadPKCS12(file: p12, password: "secret")))
             #expect(throws: APNsClientError.self) { try APNsAuthentication.loadPKCS12(file: p12, password: "wrong") }
         } else {
