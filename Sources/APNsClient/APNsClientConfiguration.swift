@@ -14,7 +14,7 @@ import NIOSSL
 public struct APNsClientError: Error, Sendable, Hashable, CustomStringConvertible {
     public struct Code: Sendable, Hashable, CustomStringConvertible {
         private enum Base: String, Sendable, Hashable {
-            case configuration, credentials, connect, protocolError, providerTokenRejected, shutdown
+            case configuration, credentials, connect, protocolError, providerTokenRejected, credentialsRejected, shutdown
         }
 
         private let base: Base
@@ -30,6 +30,8 @@ public struct APNsClientError: Error, Sendable, Hashable, CustomStringConvertibl
         public static let protocolError = Code(.protocolError)
         /// APNs keeps rejecting freshly made provider tokens: the key id, team id or key is wrong.
         public static let providerTokenRejected = Code(.providerTokenRejected)
+        /// APNs keeps answering 403 for the credentials themselves (see `configurationError`).
+        public static let credentialsRejected = Code(.credentialsRejected)
         /// The client is shutting down.
         public static let shutdown = Code(.shutdown)
 

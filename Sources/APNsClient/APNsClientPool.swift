@@ -516,6 +516,16 @@ extension APNsClientPool: APNsConnectionEvents {
         connection.retire(reason: "provider token rejected (\(reason))")
     }
 
+    func connection(_ connection: APNsConnection, didRejectCredentials reason: APNsReason, inARow: Int) {
+        let error = APNsClientError(
+            .credentialsRejected,
+            "APNs answered 403 \(reason) to \(inARow) requests in a row: check app '\(configuration.name)''s \(configuration.authentication.isToken ? "provider token settings" : "certificate") and its environment (\(configuration.endpoint.host))"
+        )
+        // Cleared, like a token rejection's, by the next answer that proves the credentials.
+        state.withLock { $0.configurationError = error }
+        logger.error("\(error.message)")
+    }
+
     func connectionBecameUnusable(_ connection: APNsConnection) {
         state.withLock { state in
             state.assignment.restrict(connection: connection.id) { $0.goAwayReceived() }

@@ -18,6 +18,9 @@ protocol APNsConnectionEvents: AnyObject, Sendable {
     /// A submitted request ended, after `didFinishStreams` gave its stream back.
     func connection(_ connection: APNsConnection, didFinish request: APNsRequest, with outcome: APNsOutcome)
     func connection(_ connection: APNsConnection, didRejectProviderToken reason: APNsReason)
+    /// APNs answered 403 with a credential reason (a certificate for the other environment, say)
+    /// to `inARow` requests with no 200 between: a setting to fix, not a bad job.
+    func connection(_ connection: APNsConnection, didRejectCredentials reason: APNsReason, inARow: Int)
     /// GOAWAY arrived, the connection was retired, or it closed: no new work.
     func connectionBecameUnusable(_ connection: APNsConnection)
     func connectionDidClose(_ connection: APNsConnection)
@@ -115,6 +118,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var ready = false
     /// The connect timeout fired before SETTINGS came: the connection is being given up.
     @exclusivity(unchecked) private var connectTimedOut = false
+    /// 403s with a credential reason since the last 200 (see `credentialRejectionsToReport`).
+    @exclusivity(unchecked) private var credentialRejectionsInARow = 0
     @exclusivity(unchecked) private var unusable = false
     @exclusivity(unchecked) private var closed = false
     @exclusivity(unchecked) private var goAwayLastStreamID: Int32?
@@ -593,6 +598,14 @@ final class APNsConnection: @unchecked Sendable {
         if let reason, reason.known?.refreshesProviderToken == true, configuration.authentication.isToken {
             events.connection(self, didRejectProviderToken: reason)
         }
+        if response.status == 403, let reason, Self.credentialReasons.contains(reason) {
+            credentialRejectionsInARow += 1
+            if credentialRejectionsInARow == Self.credentialRejectionsToReport {
+                events.connection(self, didRejectCredentials: reason, inARow: credentialRejectionsInARow)
+            }
+        } else if response.status == 200 {
+            credentialRejectionsInARow = 0
+        }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
         retireIfFailingFast(status: response.status, reason: reason)
         closeIfDrained()
@@ -606,6 +619,12 @@ final class APNsConnection: @unchecked Sendable {
     /// - 429 TooManyProviderTokenUpdates: APNs may refuse this connection for a while;
     /// - `serverErrorsToRetire` 5xx answers in a row with no other answer between: a sick
     ///   front end (an occasional 500 among successes does not count).
+    /// 403 reasons that say the credentials, not the job, are wrong; each ends its job as
+    /// `rejected` (the result contract), so a pool answered only with them reports a
+    /// configuration error, which readiness shows, after this many in a row on one connection.
+    static let credentialReasons: Set<APNsReason> = [.badCertificate, .badCertificateEnvironment, .forbidden, .missingProviderToken]
+    static let credentialRejectionsToReport = 10
+
     private func retireIfFailingFast(status: Int, reason: APNsReason?) {
         if status >= 500 {
             serverErrorsInARow += 1

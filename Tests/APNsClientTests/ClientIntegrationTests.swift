@@ -114,6 +114,38 @@ struct ClientIntegrationTests {
         }
     }
 
+    @Test("403s for the credentials themselves, ten in a row, become a configuration error")
+    func credentialRejections() async throws {
+        let credentials = try ClientTestCredentials.make()
+        defer { credentials.remove() }
+        // A server that takes no client certificates (so token auth only): a certificate-auth
+        // client sends no token, and every request gets 403 MissingProviderToken, as APNs answers
+        // a certificate it does not accept for the endpoint.
+        let simulator = try await startSimulator(credentials) { $0.tls?.clientCAPEM = nil }
+        let port = try #require(simulator.port(.http2TLS))
+        let certificate = try APNsAuthentication.loadPEM(
+            certificateFile: credentials.path(credentials.summary.clientCertificateFile),
+            privateKeyFile: credentials.path(credentials.summary.clientKeyFile),
+            password: nil
+        )
+        let pool = try APNsClientPool(configuration: try credentials.configuration(port: port, authentication: certificate), logger: Fixture.logger)
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await pool.run() }
+            for _ in 1..<APNsConnection.credentialRejectionsToReport {
+                let outcome = await pool.send(Fixture.notification(), timeout: .seconds(10))
+                #expect(outcome.status == 403 && outcome.reason == .missingProviderToken, "\(outcome)")
+            }
+            #expect(pool.configurationError == nil, "not before the tenth")
+            _ = await pool.send(Fixture.notification(), timeout: .seconds(10))
+            let error = try #require(pool.configurationError)
+            #expect(error.code == .credentialsRejected)
+            #expect(error.description.contains("MissingProviderToken") && error.description.contains("certificate"), "\(error)")
+            pool.shutdown()
+            try await group.waitForAll()
+        }
+        await simulator.stop(gracePeriod: .milliseconds(50))
+    }
+
     @Test("403 ExpiredProviderToken: regenerated on a new connection; persisting, a configuration error")
     func expiredProviderToken() async throws {
         let clock = ManualClock(Int64(Date().timeIntervalSince1970) - 2 * 3600)
