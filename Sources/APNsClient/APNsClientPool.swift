@@ -272,7 +272,8 @@ public final class APNsClientPool: Service, Sendable {
     // MARK: Observing
 
     /// Set when APNs keeps rejecting fresh provider tokens (wrong key id, team id or key, or a
-    /// clock far off); cleared by the next accepted request.
+    /// clock far off), or keeps answering 403 about the credentials themselves (a certificate
+    /// for the other environment, say); cleared by the next answer that proves the credentials.
     public var configurationError: APNsClientError? {
         state.withLock { $0.configurationError }
     }

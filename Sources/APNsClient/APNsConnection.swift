@@ -118,7 +118,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private var ready = false
     /// The connect timeout fired before SETTINGS came: the connection is being given up.
     @exclusivity(unchecked) private var connectTimedOut = false
-    /// 403s with a credential reason since the last 200 (see `credentialRejectionsToReport`).
+    /// 403s with a credential reason since the last answer that proved the credentials (see
+    /// `credentialRejectionsToReport`).
     @exclusivity(unchecked) private var credentialRejectionsInARow = 0
     @exclusivity(unchecked) private var unusable = false
     @exclusivity(unchecked) private var closed = false
@@ -600,10 +601,12 @@ final class APNsConnection: @unchecked Sendable {
         }
         if response.status == 403, let reason, Self.credentialReasons.contains(reason) {
             credentialRejectionsInARow += 1
-            if credentialRejectionsInARow == Self.credentialRejectionsToReport {
+            // Every tenth: an answer elsewhere that clears the error (a 410 proves the
+            // credentials too) must not silence this connection for good.
+            if credentialRejectionsInARow.isMultiple(of: Self.credentialRejectionsToReport) {
                 events.connection(self, didRejectCredentials: reason, inARow: credentialRejectionsInARow)
             }
-        } else if response.status == 200 {
+        } else if tokenAccepted {
             credentialRejectionsInARow = 0
         }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
