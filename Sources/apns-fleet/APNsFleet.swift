@@ -49,9 +49,12 @@ struct APNsFleet: AsyncParsableCommand {
                 try command.run()
             }
         } catch {
+            // `_exit` after flushing, as every exit of a running worker: a command can fail
+            // after creating a Kafka client, whose threads `exit`'s atexit handlers would race.
             if let status = exitStatus(of: error) {
                 FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
-                Foundation.exit(status)
+                fflush(nil)
+                _exit(status)
             }
             let code = exitCode(for: error)
             let message = fullMessage(for: error)
@@ -60,7 +63,8 @@ struct APNsFleet: AsyncParsableCommand {
             } else if !message.isEmpty {
                 FileHandle.standardError.write(Data((message + "\n").utf8))
             }
-            Foundation.exit(code == .validationFailure ? 2 : code.rawValue)
+            fflush(nil)
+            _exit(code == .validationFailure ? 2 : code.rawValue)
         }
     }
 }

@@ -160,8 +160,8 @@ final class ShutdownFlag: Sendable {
     var isSet: Bool { value.load(ordering: .relaxed) }
 }
 
-/// Ends the process when its service fails outside a shutdown (the admin port taken, a fatal
-/// Kafka error). ServiceLifecycle would cancel the group and wait for every other service, and
+/// Ends the process when its service fails, or ends by itself, outside a shutdown (the admin
+/// port taken, a fatal Kafka error). ServiceLifecycle would cancel the group and wait for every other service, and
 /// one blocked on Kafka or a connection kept that wait, and the process, going for good. Work in
 /// flight is redone by the group from the stored offsets (duplicates, never losses).
 struct ExitOnFailure: Service {
