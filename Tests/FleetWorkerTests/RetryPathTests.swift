@@ -640,20 +640,27 @@ final class InProcessFleet: Sendable {
 }
 
 extension RetryPathTests {
-    @Test("a due retry record waiting for a slot lets its partition go at once when it is revoked, not once the slot frees up")
-    func revocationHandsBackADueRetryWaitingForASlot() async throws {
+    /// The revocation tests' fleet: answers take 20 s (longer than a rebalance on a busy host,
+    /// where 8 s once was not, and under the drain and request timeouts, so a drain that waited
+    /// for slots would end when the answer came, not at its timeout), and a second member of
+    /// the group, not yet running, subscribed to the jobs topic only: its joining moves jobs
+    /// partitions to it, while the retry topic, where the slow notification in flight comes
+    /// from, stays. The caller closes `other`.
+    static func revocationScene() async throws -> (fleet: InProcessFleet, other: KafkaConsumer, behaviour: APNsSimulatorConfiguration.Behaviour) {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
-        // As in the test below: longer than a rebalance, under the drain and request timeouts.
         behaviour.latency = .seconds(20)
         let fleet = try await InProcessFleet.start(
             behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10, drainTimeout: .seconds(40), requestTimeout: .seconds(40)
         )
-        let simulator = fleet.backends.simulator
-        // The other member takes jobs partitions only; the retry topic, where the slot's holder
-        // came from, stays.
         var otherConfiguration = KafkaConsumerConfiguration(client: fleet.backends.client, groupID: "push", topics: [fleet.topics.jobs])
         otherConfiguration.sessionTimeout = .seconds(6)
-        let other = try KafkaConsumer(configuration: otherConfiguration, logger: fleet.logger)
+        return (fleet, try KafkaConsumer(configuration: otherConfiguration, logger: fleet.logger), behaviour)
+    }
+
+    @Test("a due retry record waiting for a slot lets its partition go at once when it is revoked, not once the slot frees up")
+    func revocationHandsBackADueRetryWaitingForASlot() async throws {
+        let (fleet, other, behaviour) = try await Self.revocationScene()
+        let simulator = fleet.backends.simulator
         let otherRun = Shared<Task<Void, any Error>?>(nil)
         defer { other.close() }
         let now = Int64(Date().timeIntervalSince1970 * 1000)
@@ -708,20 +715,8 @@ extension RetryPathTests {
 
     @Test("a revocation while the loop waits for slots leaves the revoked partitions' waiting jobs at once, not once the slots free up")
     func revocationWakesTheLoopWaitingForSlots() async throws {
-        var behaviour = APNsSimulatorConfiguration.Behaviour()
-        // Longer than the rebalance takes on a busy host (8 s was not, once), and under the
-        // drain and request timeouts: a drain that waited for the slots would end when the
-        // answer came, not at its timeout.
-        behaviour.latency = .seconds(20)
-        let fleet = try await InProcessFleet.start(
-            behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10, drainTimeout: .seconds(40), requestTimeout: .seconds(40)
-        )
+        let (fleet, other, behaviour) = try await Self.revocationScene()
         let simulator = fleet.backends.simulator
-        // A second member subscribed to the jobs topic only: the rebalance moves jobs partitions
-        // to it, while the retry topic, where the slow notification in flight came from, stays.
-        var otherConfiguration = KafkaConsumerConfiguration(client: fleet.backends.client, groupID: "push", topics: [fleet.topics.jobs])
-        otherConfiguration.sessionTimeout = .seconds(6)
-        let other = try KafkaConsumer(configuration: otherConfiguration, logger: fleet.logger)
         let otherRun = Shared<Task<Void, any Error>?>(nil)
         defer { other.close() }
         let holder = fleet.retryRecord(token: InProcessFleet.token(900), notBefore: Int64(Date().timeIntervalSince1970 * 1000) - 1000)
