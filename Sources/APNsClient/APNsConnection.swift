@@ -606,7 +606,7 @@ final class APNsConnection: @unchecked Sendable {
             if credentialRejectionsInARow.isMultiple(of: Self.credentialRejectionsToReport) {
                 events.connection(self, didRejectCredentials: reason, inARow: credentialRejectionsInARow)
             }
-        } else if tokenAccepted {
+        } else if tokenAccepted, credentialRejectionsInARow != 0 {
             credentialRejectionsInARow = 0
         }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)

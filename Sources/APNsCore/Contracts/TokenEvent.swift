@@ -59,14 +59,12 @@ public struct TokenEvent: Sendable, Hashable {
         // answer (a day of clock skew allowed). One outside that is not APNs's: the answer's time
         // stands instead, rather than an event dated before 1970 or far in the future, which
         // readers would keep over every later registration.
-        let latest = observedAt.value.addingReportingOverflow(Self.clockSkewMilliseconds)
-        let stated = result.unregisteredAt.flatMap { $0 >= 0 && (latest.overflow || $0 <= latest.partialValue) ? $0 : nil }
         self.init(
             token: token.hex,
             topic: topic,
             app: result.app,
             reason: reason,
-            invalidatedAt: stated ?? observedAt.value,
+            invalidatedAt: Self.invalidationTime(stated: result.unregisteredAt, observedAt: observedAt),
             source: .http2,
             jobID: result.jobID
         )
@@ -79,16 +77,22 @@ public struct TokenEvent: Sendable, Hashable {
     /// event readers would keep over every registration until then.
     public init?(feedback tuple: FeedbackTuple, topic: String, app: String?, polledAt: UnixMillis) {
         guard let token = try? DeviceToken(bytes: tuple.token) else { return nil }
-        let stated = Int64(tuple.timestamp) * 1000
-        let latest = polledAt.value.addingReportingOverflow(Self.clockSkewMilliseconds)
         self.init(
             token: token.hex,
             topic: topic,
             app: app,
             reason: APNsReason.unregistered.rawValue,
-            invalidatedAt: latest.overflow || stated <= latest.partialValue ? stated : polledAt.value,
+            invalidatedAt: Self.invalidationTime(stated: Int64(tuple.timestamp) * 1000, observedAt: polledAt),
             source: .feedbackService
         )
+    }
+
+    /// The stated time of an invalidation when APNs could have stated it: not before 1970, and
+    /// not after it was observed (a day of clock skew allowed); otherwise the observation's time.
+    static func invalidationTime(stated: Int64?, observedAt: UnixMillis) -> Int64 {
+        let latest = observedAt.value.addingReportingOverflow(clockSkewMilliseconds)
+        guard let stated, stated >= 0, latest.overflow || stated <= latest.partialValue else { return observedAt.value }
+        return stated
     }
 
     public func encoded() -> [UInt8] {
