@@ -227,6 +227,7 @@ struct KafkaMockClusterTests {
         let receivedB = ReceivedRecords()
         let revokedFromA = Shared<[TopicPartition]>([])
         let revokedBeforeClose = Shared<[TopicPartition]>([])
+        let producedAll = Shared(false)
         // Each consumer reports to a registry of its own, as each worker process has its own /metrics.
         let (metricsA, metricsB) = (PrometheusCollectorRegistry(), PrometheusCollectorRegistry())
         var configurationA = consumerConfiguration(cluster, group: "split-group", topics: ["split"])
@@ -254,6 +255,7 @@ struct KafkaMockClusterTests {
                         try await Task.sleep(for: .milliseconds(10))
                     }
                     try await producer.flush(timeout: .seconds(60))
+                    producedAll.update { $0 = true }
                 }
                 group.addTask { try await a.run() }
                 // A finishes each batch 20 ms later, so a revocation finds work in flight.
@@ -276,7 +278,10 @@ struct KafkaMockClusterTests {
                 #expect(lagPartitions(metricsA) == Set(a.assignment.map(\.partition)))
                 stopProducing.update { $0 = true }
                 revokedBeforeClose.update { $0 = revokedFromA.value }
+                // Once the producer has flushed: records it was still sending would be delivered
+                // after this check, and never consumed once the consumers close.
                 try await waitUntil("every delivered record consumed") {
+                    guard producedAll.value else { return false }
                     let delivered = deliveries.delivered
                     return delivered.count > 0 && delivered.isSubset(of: receivedA.positions.union(receivedB.positions))
                 }
