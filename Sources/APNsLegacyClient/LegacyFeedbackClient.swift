@@ -78,10 +78,19 @@ public struct LegacyFeedbackClient: Sendable {
         let reader = FeedbackReader.Shared(chunkSize: max(chunkSize, 1), signal: signal)
         let serverHostname = LegacyTLS.serverHostname(endpoint.host)
         let endpoint = self.endpoint
+        // The attempt's channel, so that a stop can end a connect that would otherwise last the
+        // whole timeout (a service that does not answer SYNs).
+        // `cancelled` covers a stop that comes before the channel exists.
+        let connecting = Mutex<(channel: (any Channel)?, cancelled: Bool)>((nil, false))
         let bootstrap = ClientBootstrap(group: eventLoop)
             .connectTimeout(TimeAmount(timeout))
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    let cancelled = connecting.withLock { state in
+                        state.channel = channel
+                        return state.cancelled
+                    }
+                    if cancelled { throw CancellationError() }
                     if let sslContext {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname))
                     }
@@ -91,8 +100,18 @@ public struct LegacyFeedbackClient: Sendable {
         let startedAt = NIODeadline.now()
         let channel: any Channel
         do {
-            channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
+            channel = try await withTaskCancellationHandler {
+                try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()
+            } onCancel: {
+                connecting.withLock { state in
+                    state.cancelled = true
+                    return state.channel
+                }?.close(promise: nil)
+            }
         } catch {
+            if Task.isCancelled {
+                throw LegacyClientError(.shutdown, "feedback service at \(endpoint.label): the poll was cancelled (the worker is stopping) while connecting")
+            }
             throw LegacyClientError(.connect, "cannot connect to the feedback service at \(endpoint.label): \(error)")
         }
         // The deadline is for the service, so it counts only reading time. While a chunk waits

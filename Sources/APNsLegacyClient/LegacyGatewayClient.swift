@@ -50,6 +50,9 @@ public final class LegacyGatewayClient: Service, Sendable {
         var machine: Machine
         var phase = Phase.idle
         var channels: [UInt64: any Channel] = [:]
+        /// Connections still connecting or in their TLS handshake: a shutdown closes them at once
+        /// rather than waiting up to two connect timeouts for an attempt nobody wants any more.
+        var connecting: [UInt64: any Channel] = [:]
         /// Connections that received an error-response (their close is expected), and whether it
         /// told of trouble with the gateway rather than with one notification (see `runSlot`).
         var answeredWithError: [UInt64: Bool] = [:]
@@ -228,6 +231,7 @@ public final class LegacyGatewayClient: Service, Sendable {
     fileprivate func connectionReady(_ id: UInt64, channel: any Channel) {
         let actions = state.withLock { state -> Machine.Actions in
             guard state.phase == .running, !state.shutdownRequested else { return Machine.Actions() }
+            state.connecting[id] = nil
             state.channels[id] = channel
             return state.machine.connectionActive(id)
         }
@@ -315,13 +319,31 @@ public final class LegacyGatewayClient: Service, Sendable {
     /// Begins a clean shutdown: nothing more is taken, queued notifications are answered, and
     /// `run()` returns once written ones have their verdicts or `drainTimeout` passed.
     public func shutdown() {
-        let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            guard !state.shutdownRequested else { return [] }
+        let (waiters, connecting) = state.withLock { state -> ([CheckedContinuation<Void, Never>], [any Channel]) in
+            guard !state.shutdownRequested else { return ([], []) }
             state.shutdownRequested = true
-            defer { state.shutdownWaiters = [] }
-            return state.shutdownWaiters
+            defer {
+                state.shutdownWaiters = []
+                state.connecting = [:]
+            }
+            return (state.shutdownWaiters, Array(state.connecting.values))
         }
+        for channel in connecting { channel.close(promise: nil) }
         for waiter in waiters { waiter.resume() }
+    }
+
+    /// Registers a connection attempt's channel, so that a shutdown can end it; false when the
+    /// shutdown has already begun (the attempt is not wanted).
+    private func startedConnecting(_ id: UInt64, channel: any Channel) -> Bool {
+        state.withLock { state in
+            guard !state.shutdownRequested else { return false }
+            state.connecting[id] = channel
+            return true
+        }
+    }
+
+    private func stoppedConnecting(_ id: UInt64) {
+        state.withLock { _ = $0.connecting.removeValue(forKey: id) }
     }
 
     private func waitForShutdownRequest() async {
@@ -444,6 +466,9 @@ public final class LegacyGatewayClient: Service, Sendable {
             .connectTimeout(TimeAmount(configuration.connectTimeout))
             .channelInitializer { [self] channel in
                 channel.eventLoop.makeCompletedFuture {
+                    guard startedConnecting(id, channel: channel) else {
+                        throw LegacyClientError(.connect, "the legacy gateway client is shutting down")
+                    }
                     try LegacyTCP.detectSilentPeers(channel, quietPeriod: configuration.quietPeriod)
                     if let sslContext {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname))
@@ -453,6 +478,7 @@ public final class LegacyGatewayClient: Service, Sendable {
                     )
                 }
             }
+        defer { stoppedConnecting(id) }
         let channel: any Channel
         do {
             channel = try await bootstrap.connect(host: endpoint.host, port: endpoint.port).get()

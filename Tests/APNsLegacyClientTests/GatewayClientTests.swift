@@ -236,6 +236,30 @@ struct GatewayClientTests {
         }
     }
 
+    @Test("a shutdown ends a connection attempt stuck in its TLS handshake at once, not after the connect timeout")
+    func shutdownDuringHandshake() async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        // Accepts TCP and never answers the ClientHello.
+        let silent = try await ChunkedFeedbackServer.start(bytes: [], chunkSizes: [1], holdOpen: true)
+        var configuration = configuration(credentials, port: silent.port, tls: true)
+        configuration.connectTimeout = .seconds(40)
+        let client = try LegacyGatewayClient(configuration: configuration, logger: Fixture.logger)
+        let elapsed = try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await client.run() }
+            try await waitUntil { client.isRunning }
+            // Long enough for the TCP connect to be done and the handshake under way.
+            try await Task.sleep(for: .milliseconds(500))
+            let stopping = ContinuousClock.now
+            client.shutdown()
+            try await group.waitForAll()
+            return ContinuousClock.now - stopping
+        }
+        await silent.stop()
+        // Without the shutdown closing it, the attempt lasts the 40 s connect timeout.
+        #expect(elapsed < .seconds(10), "run() took \(elapsed) after shutdown()")
+    }
+
     @Test("a client certificate the gateway does not trust is a connect failure, and sends end at their deadline")
     func untrustedCertificate() async throws {
         let credentials = try LegacyTestCredentials.make()
