@@ -26,6 +26,10 @@ final class ClientContext: Sendable {
     let groupSynced = Atomic<Bool>(false)
     /// Set when the handle is left undestroyed: its threads may still log, and nobody reads it.
     let silenced = Atomic<Bool>(false)
+    /// Brokers (by librdkafka's name) with a round-trip gauge: one that leaves the client's
+    /// statistics (removed from the cluster, or a bootstrap entry replaced by the real brokers)
+    /// has its gauge removed, rather than reporting its last figure for good.
+    private let brokersWithRTT = Mutex<Set<String>>([])
 
     init(
         logger: Logger,
@@ -106,14 +110,26 @@ final class ClientContext: Sendable {
         ] {
             if let value = stats[field]?.double { Gauge(label: label, dimensions: [client, role], factory: metrics).record(value) }
         }
-        if case .object(let brokers)? = stats["brokers"] {
-            for broker in brokers {
-                // Average round-trip time in microseconds over the last window.
-                if let rtt = broker.value["rtt"]?["avg"]?.double, rtt > 0 {
-                    Gauge(label: "kafka.broker.rtt.us", dimensions: [client, role, ("broker", broker.key)], factory: metrics).record(rtt)
-                }
+        guard case .object(let brokers)? = stats["brokers"] else { return }
+        func rttGauge(_ broker: String) -> Gauge {
+            Gauge(label: "kafka.broker.rtt.us", dimensions: [client, role, ("broker", broker)], factory: metrics)
+        }
+        var reported = Set<String>()
+        for broker in brokers {
+            // Average round-trip time in microseconds over the last window.
+            if let rtt = broker.value["rtt"]?["avg"]?.double, rtt > 0 {
+                rttGauge(broker.key).record(rtt)
+                reported.insert(broker.key)
             }
         }
+        let present = Set(brokers.map(\.key))
+        let gone = brokersWithRTT.withLock { known -> Set<String> in
+            known.formUnion(reported)
+            let gone = known.subtracting(present)
+            known.subtract(gone)
+            return gone
+        }
+        for broker in gone { rttGauge(broker).destroy() }
     }
 }
 

@@ -1,4 +1,6 @@
 @testable import KafkaTransport
+import FleetLoad
+import Prometheus
 import Testing
 
 @Suite("Kafka client properties")
@@ -37,5 +39,29 @@ struct KafkaConfigurationTests {
         #expect(ClientContext.redactingConfigurationLine("  sasl.password = [redacted]") == "  sasl.password = [redacted]")
         #expect(ClientContext.redactingConfigurationLine("  linger.ms = 5") == "  linger.ms = 5")
         #expect(ClientContext.redactingConfigurationLine("Client configuration:") == "Client configuration:")
+    }
+}
+
+@Suite("librdkafka statistics as metrics")
+struct StatisticsMetricsTests {
+    @Test("a broker that leaves the client's statistics loses its round-trip gauge instead of reporting its last figure for good")
+    func departedBrokerGaugeRemoved() {
+        let registry = PrometheusCollectorRegistry()
+        let context = ClientContext(logger: testLogger, clientID: "stats", metrics: PrometheusMetricsFactory(registry: registry))
+        func rtts() -> [String: Double] {
+            let samples = prometheusSamples(String(decoding: registry.emitToBuffer(), as: UTF8.self)).filter { $0.name == "kafka_broker_rtt_us" }
+            return Dictionary(samples.map { ($0.labels["broker"] ?? "?", $0.value) }, uniquingKeysWith: { first, _ in first })
+        }
+        func statistics(_ brokers: String) -> [UInt8] {
+            Array(#"{"type":"producer","msg_cnt":0,"brokers":{\#(brokers)}}"#.utf8)
+        }
+        context.statistics(statistics(#""a:9092/1":{"rtt":{"avg":1500}},"b:9092/2":{"rtt":{"avg":2500}}"#))
+        #expect(rtts() == ["a:9092/1": 1500, "b:9092/2": 2500])
+        // Broker 2 idle for a window: still a member, its gauge stays.
+        context.statistics(statistics(#""a:9092/1":{"rtt":{"avg":1700}},"b:9092/2":{"rtt":{"avg":0}}"#))
+        #expect(rtts() == ["a:9092/1": 1700, "b:9092/2": 2500])
+        // Broker 2 removed from the cluster.
+        context.statistics(statistics(#""a:9092/1":{"rtt":{"avg":1800}}"#))
+        #expect(rtts() == ["a:9092/1": 1800])
     }
 }
