@@ -57,14 +57,26 @@ final class PartitionPauses: Sendable {
     private let consumer: KafkaConsumer
     private let logger: Logger
     private let state = Mutex(State())
-    private let backPressureGauge = Gauge(label: "apns.worker.partitions.paused", dimensions: [("reason", "back_pressure")])
-    private let retryWaitGauge = Gauge(label: "apns.worker.partitions.paused", dimensions: [("reason", "retry_wait")])
+    private let backPressureGauge: Gauge
+    private let retryWaitGauge: Gauge
 
-    init(consumer: KafkaConsumer, logger: Logger) {
+    init(consumer: KafkaConsumer, logger: Logger, metrics: any MetricsFactory = MetricsSystem.factory) {
         self.consumer = consumer
         self.logger = logger
+        backPressureGauge = Gauge(label: "apns.worker.partitions.paused", dimensions: [("reason", "back_pressure")], factory: metrics)
+        retryWaitGauge = Gauge(label: "apns.worker.partitions.paused", dimensions: [("reason", "retry_wait")], factory: metrics)
         backPressureGauge.record(0)
         retryWaitGauge.record(0)
+    }
+
+    /// Brings the back-pressure gauge up to date with the assignment, which a rebalance may have
+    /// changed since the pause (it would otherwise show the partitions paused at that moment
+    /// until the next resume). Called before metrics are read.
+    func refreshGauges() {
+        state.withLock { state in
+            guard state.backPressure else { return }
+            backPressureGauge.record(consumer.assignment.count)
+        }
     }
 
     /// Called by the in-flight limiter under its lock, so transitions arrive in order.

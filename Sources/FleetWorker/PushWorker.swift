@@ -101,6 +101,10 @@ public final class PushWorker: Service, Sendable {
     /// Retry records waiting for their `not-before`.
     public var waitingRetries: Int { retryWaits.count }
 
+    /// Brings gauges that depend on the consumer's assignment up to date; call before reading
+    /// the metrics (the admin server's `/metrics`).
+    public func refreshGauges() { pauses.refreshGauges() }
+
     /// Publishes to Kafka that keep failing, for readiness.
     public var publishStalls: PublishStalls { publisher.stalls }
 

@@ -64,7 +64,10 @@ struct WorkerCommand: AsyncParsableCommand {
         let essentialPools = clients.essentialPools(defaultEnvironments: Dictionary(fleet.apps.map { ($0.name, $0.defaults.environment) }, uniquingKeysWith: { first, _ in first }))
         let admin = AdminServer(
             host: fleet.admin.host, port: fleet.admin.port, logger: logger,
-            metrics: { registry.emitToBuffer() },
+            metrics: {
+                worker.refreshGauges()
+                return registry.emitToBuffer()
+            },
             readiness: {
                 let unusable = essentialPools.filter { $0.value.statistics.usableConnections == 0 }.map { "\($0.key)" }.sorted()
                     + legacy.appsWithoutConnection.map { "\($0) (legacy gateway)" }
