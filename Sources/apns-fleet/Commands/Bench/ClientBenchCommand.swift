@@ -103,6 +103,15 @@ struct ClientBenchCommand: AsyncParsableCommand {
             for key in ["notifications", "seconds", "notifications_per_second", "cpu_us_per_notification", "p50_ms", "p99_ms", "peak_rss_mb"] {
                 if let number = object[key] as? NSNumber { record.set(key, number.doubleValue, decimals: key.hasSuffix("second") ? 0 : 2) }
             }
+            // Every request is for the same valid token: an answer other than 200 means the run
+            // measured something other than deliveries (a refused token, the simulator's limits).
+            let statuses = object["statuses"] as? [String: Any] ?? [:]
+            let failed = statuses.reduce(0) { $0 + ($1.key == "200" ? 0 : (($1.value as? NSNumber)?.intValue ?? 0)) }
+            record.set("not_delivered", failed)
+            if failed > 0 {
+                let counts = statuses.sorted { $0.key < $1.key }.map { "\($0.key)×\($0.value)" }.joined(separator: " ")
+                FileHandle.standardError.write(Data("bench: \(failed) notifications were not answered 200 (statuses: \(counts)); the figures do not measure deliveries alone\n".utf8))
+            }
             if let rttMs, rttMs > 0, let rate = record["notifications_per_second"]?.double {
                 let ideal = Double(min(concurrency, connections * 1000)) / (Double(rttMs) / 1000)
                 record.set("efficiency_percent", rate / ideal * 100, decimals: 1)
