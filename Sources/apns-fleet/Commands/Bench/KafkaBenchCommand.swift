@@ -51,10 +51,14 @@ struct KafkaBenchCommand: AsyncParsableCommand {
     @Option(help: "Producer linger.ms. Default: the library's default (what the worker uses).")
     var lingerMs: Int?
 
+    @Option(help: "Give up after this many seconds of consuming (a missing topic, a broker gone), naming how far it got.")
+    var timeoutSeconds = 600
+
     func validate() throws {
         guard messages > 0, size >= 0, partitions > 0, (lingerMs ?? 0) >= 0 else {
             throw ValidationError("--messages and --partitions must be positive, --size not negative")
         }
+        guard timeoutSeconds > 0 else { throw ValidationError("--timeout-seconds must be positive") }
     }
 
     func run() async throws {
@@ -112,6 +116,16 @@ struct KafkaBenchCommand: AsyncParsableCommand {
         var started: (ContinuousClock.Instant, Double)?
         var hostAtStart: HostCPUTimes?
         var consumed = 0
+        // Ends the run (both waits below) if it does not finish in time.
+        let timedOut = Atomic<Bool>(false)
+        let timeout = Duration.seconds(timeoutSeconds)
+        let watchdog = Task {
+            guard (try? await Task.sleep(for: timeout)) != nil else { return }
+            timedOut.store(true, ordering: .relaxed)
+            consumer.close()
+            doneContinuation.finish()
+        }
+        defer { watchdog.cancel() }
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await consumer.run() }
             for await batch in consumer.batches {
@@ -134,6 +148,12 @@ struct KafkaBenchCommand: AsyncParsableCommand {
             for await _ in done { break }
             consumer.close()
             try await group.waitForAll()
+        }
+        if timedOut.load(ordering: .relaxed) {
+            await producer.shutdown(flushTimeout: .seconds(5))
+            throw CommandFailure(
+                "the benchmark did not finish within \(timeoutSeconds) s: \(consumed) of \(messages) records consumed, \(sink.finished.value) results acknowledged (\(sink.failed.value) failed); is the topic \(inputTopic) there, and the broker reachable?"
+            )
         }
         guard let (startTime, startCPU) = started else { throw CommandFailure("nothing was consumed") }
         let wall = ContinuousClock.now - startTime
