@@ -95,6 +95,19 @@ public final class FeedbackWorker: Service, Sendable {
     /// Whether the last poll of each feedback service succeeded (app → success), for readiness.
     public var feedbackServiceHealth: [String: Bool] { lastPolls.withLock { $0 } }
 
+    /// `/readyz`: partitions assigned, Kafka taking the events, and the last poll of every
+    /// legacy feedback service a success (a certificate the service refuses shows here, so a
+    /// rollout with it stops). Before a service's first poll it counts as healthy.
+    public func readiness(assignedPartitions: Int) -> AdminServer.Readiness {
+        if assignedPartitions == 0 { return .init(ready: false, detail: "no partitions assigned") }
+        if let problem = publishStalls.problem() { return .init(ready: false, detail: problem) }
+        let failing = feedbackServiceHealth.filter { !$0.value }.map(\.key).sorted()
+        if !failing.isEmpty {
+            return .init(ready: false, detail: "the last poll of the legacy feedback service failed for \(failing.joined(separator: ", ")) (see the log)")
+        }
+        return .init(ready: true, detail: "\(assignedPartitions) partitions, \(services.count) feedback services")
+    }
+
     public func run() async throws {
         // The poll loop runs beside the results; a stop waits for a poll in progress (bounded by
         // twice `pollTimeout`), never cutting one short, because the feedback service forgets the

@@ -141,6 +141,31 @@ struct FeedbackWorkerTests {
         return (cluster, consumer, producer, logger)
     }
 
+    @Test("/readyz fails, naming the app, while the last poll of its feedback service failed; a good poll makes it ready again")
+    func readinessFollowsFeedbackPolls() async throws {
+        let (cluster, consumer, producer, logger) = try Self.kafka(logLevel: .critical)
+        defer { withExtendedLifetime(cluster) {} }
+        let refusing = Shared(true)
+        let service = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _, _ in
+            // As a service that refuses the client certificate does.
+            if refusing.value { throw LegacyClientError(.connect, "the feedback service closed the connection during the TLS handshake") }
+        }
+        let worker = FeedbackWorker(
+            configuration: .init(topics: TopicNames(), pollInterval: .seconds(3600), pollTimeout: .seconds(5), ledgerCapacity: 100),
+            consumer: consumer, producer: producer, feedbackServices: [service], logger: logger
+        )
+        #expect(worker.readiness(assignedPartitions: 2).ready, "no poll yet: nothing known against it")
+        #expect(!worker.readiness(assignedPartitions: 0).ready)
+        _ = await worker.poll(service)
+        let failed = worker.readiness(assignedPartitions: 2)
+        #expect(!failed.ready)
+        #expect(failed.detail.contains("legacy"), "\(failed.detail)")
+        refusing.update { $0 = false }
+        _ = await worker.poll(service)
+        #expect(worker.readiness(assignedPartitions: 2).ready)
+        await producer.shutdown(flushTimeout: .seconds(1))
+    }
+
     @Test("cancellation reaches a poll in progress: the worker stops instead of waiting out the poll")
     func cancellationReachesAPoll() async throws {
         let (cluster, consumer, producer, logger) = try Self.kafka(logLevel: .error)

@@ -56,11 +56,7 @@ struct FeedbackCommand: AsyncParsableCommand {
         let admin = AdminServer(
             host: fleet.admin.host, port: fleet.admin.port, logger: logger,
             metrics: { registry.emitToBuffer() },
-            readiness: {
-                if consumer.assignment.isEmpty { return .init(ready: false, detail: "no partitions assigned") }
-                if let problem = worker.publishStalls.problem() { return .init(ready: false, detail: problem) }
-                return .init(ready: true, detail: "\(consumer.assignment.count) partitions, \(services.count) feedback services")
-            }
+            readiness: { worker.readiness(assignedPartitions: consumer.assignment.count) }
         )
         logger.info("feedback worker starting", metadata: [
             "worker.id": "\(process.processID)", "kafka.group": "\(fleet.kafka.feedbackGroupID)",
