@@ -264,7 +264,10 @@ public final class PushWorker: Service, Sendable {
     /// How long a record must wait for its `not-before`, if it has one in the future. Cheap:
     /// only headers are read, and first records of `apns.jobs` have no `attempt` header.
     private func notDueFor(_ record: KafkaRecord) -> Int64? {
+        // Only the retry topic's records are the worker's: a job topic's `attempt` header is the
+        // producer's own (see `JobIntake.accept`).
         guard record.headers.contains(where: { $0.key == RetryHeaders.attemptKey }),
+            record.topic == configuration.fleet.topics.retry,
             let retry = try? RetryHeaders(headers: record.headers)
         else { return nil }
         // A retry record waits at most the longest retry delay (plus a minute for clocks and

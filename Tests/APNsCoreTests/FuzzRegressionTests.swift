@@ -15,8 +15,8 @@ struct FuzzRegressionTests {
         workerID: "w1"
     )
 
-    static func reason(_ value: [UInt8], headers: [RecordHeader] = []) -> String? {
-        let source = SourcePosition(topic: "apns.jobs", partition: 0, offset: 1)
+    static func reason(_ value: [UInt8], headers: [RecordHeader] = [], topic: String = "apns.jobs") -> String? {
+        let source = SourcePosition(topic: topic, partition: 0, offset: 1)
         guard case .rejected(let rejected) = intake.accept(value: value, headers: headers, source: source, now: UnixMillis(0)) else { return nil }
         return rejected.rejection.reason
     }
@@ -45,7 +45,8 @@ struct FuzzRegressionTests {
     )
     func controlCharactersEscaped(key: String, value: String, reason: String) {
         let headers = [RecordHeader("apns-token", Self.token), RecordHeader(key, value), RecordHeader("not-before", "0")]
-        let actual = Self.reason(Array("{}".utf8), headers: headers)
+        // The retry topic's: the only records whose `attempt` header is read.
+        let actual = Self.reason(Array("{}".utf8), headers: headers, topic: "apns.jobs.retry")
         #expect(actual == reason)
         #expect(actual?.unicodeScalars.contains { $0.value < 0x20 } == false)
     }

@@ -18,6 +18,11 @@ struct JobIntakeTests {
         intake.accept(value: Array(text.utf8), headers: headers, source: source, now: now)
     }
 
+    /// As consumed from the retry topic, the only one whose retry headers are the worker's.
+    func acceptRetry(_ text: String, headers: [RecordHeader]) -> IntakeDecision {
+        intake.accept(value: Array(text.utf8), headers: headers, source: SourcePosition(topic: "apns.jobs.retry", partition: 2, offset: 40), now: now)
+    }
+
     @Test("a good job is accepted with the app's defaults and a derived id")
     func accepted() throws {
         guard case .accepted(let job) = accept(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{"aps":{}}}"#) else {
@@ -222,7 +227,7 @@ struct JobIntakeTests {
 
     @Test("malformed retry headers make the record invalid instead of stopping the partition")
     func badRetryHeaders() {
-        guard case .rejected(let rejected) = accept(#"{"token":"\#(tokenA)","payload":{}}"#, headers: [RecordHeader("attempt", "-4")]) else {
+        guard case .rejected(let rejected) = acceptRetry(#"{"token":"\#(tokenA)","payload":{}}"#, headers: [RecordHeader("attempt", "-4")]) else {
             Issue.record("expected a rejection")
             return
         }
@@ -235,14 +240,14 @@ struct JobIntakeTests {
         // limit lowered since, say): tokenA must not get a second, invalid, result.
         let retry = RetryHeaders(attempt: 1, notBefore: UnixMillis(now.value), lastReason: "ServiceUnavailable")
         let headers = retry.applied(to: [RecordHeader("job-id", "j8"), RecordHeader(JobIntake.retryTokensKey, "\(tokenB),\(tokenB)")])
-        guard case .rejected(let rejected) = accept(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{},"priority":7}"#, headers: headers) else {
+        guard case .rejected(let rejected) = acceptRetry(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{},"priority":7}"#, headers: headers) else {
             Issue.record("expected a rejection")
             return
         }
         #expect(rejected.results.map(\.token) == [tokenB])
 
         // The same record with a body that decodes: naming a token twice is refused, not sent twice.
-        guard case .rejected(let twice) = accept(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{}}"#, headers: headers) else {
+        guard case .rejected(let twice) = acceptRetry(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{}}"#, headers: headers) else {
             Issue.record("expected a rejection")
             return
         }
@@ -267,12 +272,52 @@ struct JobIntakeTests {
     func badRetryHeadersOfAFanOut() {
         let text = #"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{}}"#
         let headers = [RecordHeader("attempt", "x"), RecordHeader("job-id", "job-7"), RecordHeader("retry-tokens", tokenB)]
-        guard case .rejected(let rejected) = accept(text, headers: headers) else {
+        guard case .rejected(let rejected) = acceptRetry(text, headers: headers) else {
             Issue.record("expected a rejection")
             return
         }
         #expect(rejected.results.map(\.token) == [tokenB], "tokenA already has its result")
         #expect(rejected.results.allSatisfy { $0.jobID == "job-7" })
+    }
+}
+
+extension JobIntakeTests {
+    @Test("retry headers a producer puts on a job topic are its own: they skip no token, fail nothing unsent and set no id")
+    func retryHeadersOnAJobTopicIgnored() {
+        let text = #"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{}}"#
+        let headers = [
+            RecordHeader("attempt", "12"), RecordHeader("not-before", "0"), RecordHeader("last-reason", "mine"),
+            RecordHeader("retry-tokens", tokenA), RecordHeader("job-id", "producer-header"),
+        ]
+        guard case .accepted(let job) = accept(text, headers: headers) else {
+            Issue.record("expected the job to be accepted")
+            return
+        }
+        #expect(job.tokens.map(\.hex) == [tokenA, tokenB], "every token is sent")
+        #expect(job.previousAttempts == 0 && job.notBefore == nil && job.previousReason == nil)
+        #expect(job.jobID == source.derivedJobID)
+        // Headers that would make a retry record invalid are no reason to refuse a job.
+        guard case .accepted = accept(text, headers: [RecordHeader("attempt", "1")]) else {
+            Issue.record("a job with an attempt header of its own is accepted")
+            return
+        }
+        // On the retry topic the same headers are the worker's.
+        guard case .accepted(let retry) = acceptRetry(text, headers: headers) else {
+            Issue.record("expected the retry record to be accepted")
+            return
+        }
+        #expect(retry.tokens.map(\.hex) == [tokenA] && retry.previousAttempts == 12 && retry.jobID == "producer-header")
+    }
+
+    @Test("a retry record's job-id header that is no valid id is replaced by the derived one, not copied into every result")
+    func badInheritedJobID() {
+        let text = #"{"token":"\#(tokenA)","payload":{}}"#
+        let retry = RetryHeaders(attempt: 1, notBefore: UnixMillis(now.value), lastReason: "ServiceUnavailable")
+        guard case .accepted(let job) = acceptRetry(text, headers: retry.applied(to: [RecordHeader("job-id", String(repeating: "x", count: 300))])) else {
+            Issue.record("expected the retry record to be accepted")
+            return
+        }
+        #expect(job.jobID == "apns.jobs.retry-2-40")
     }
 }
 

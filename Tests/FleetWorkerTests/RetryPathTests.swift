@@ -643,38 +643,39 @@ extension RetryPathTests {
     /// The revocation tests' fleet: answers take 20 s (longer than a rebalance on a busy host,
     /// where 8 s once was not, and under the drain and request timeouts, so a drain that waited
     /// for slots would end when the answer came, not at its timeout), and a second member of
-    /// the group, not yet running, subscribed to the jobs topic only: its joining moves jobs
-    /// partitions to it, while the retry topic, where the slow notification in flight comes
-    /// from, stays. The caller closes `other`.
-    static func revocationScene() async throws -> (fleet: InProcessFleet, other: KafkaConsumer, behaviour: APNsSimulatorConfiguration.Behaviour) {
+    /// the group, not yet running, subscribed to one topic only (`otherTopic`, the jobs topic
+    /// unless given): its joining moves partitions of that topic to it, while the other topic,
+    /// where the slow notification in flight comes from, stays. The caller closes `other`.
+    static func revocationScene(otherTakesRetries: Bool = false) async throws -> (fleet: InProcessFleet, other: KafkaConsumer, behaviour: APNsSimulatorConfiguration.Behaviour) {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
         behaviour.latency = .seconds(20)
         let fleet = try await InProcessFleet.start(
             behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10, drainTimeout: .seconds(40), requestTimeout: .seconds(40)
         )
-        var otherConfiguration = KafkaConsumerConfiguration(client: fleet.backends.client, groupID: "push", topics: [fleet.topics.jobs])
+        let otherTopic = otherTakesRetries ? fleet.topics.retry : fleet.topics.jobs
+        var otherConfiguration = KafkaConsumerConfiguration(client: fleet.backends.client, groupID: "push", topics: [otherTopic])
         otherConfiguration.sessionTimeout = .seconds(6)
         return (fleet, try KafkaConsumer(configuration: otherConfiguration, logger: fleet.logger), behaviour)
     }
 
     @Test("a due retry record waiting for a slot lets its partition go at once when it is revoked, not once the slot frees up")
     func revocationHandsBackADueRetryWaitingForASlot() async throws {
-        let (fleet, other, behaviour) = try await Self.revocationScene()
+        // The other member takes the retry topic's partitions (the only ones it can take, and
+        // balance wants two), while the holder's jobs partition stays.
+        let (fleet, other, behaviour) = try await Self.revocationScene(otherTakesRetries: true)
         let simulator = fleet.backends.simulator
         let otherRun = Shared<Task<Void, any Error>?>(nil)
         defer { other.close() }
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let holder = fleet.retryRecord(token: InProcessFleet.token(900), notBefore: now - 1000)
-        // A retry record for ten tokens on a jobs partition (any record with retry headers
-        // waits for its not-before): due a second after it is published, then waiting for all
-        // ten slots while the holder takes one (below the pause watermark, so it is fetched).
+        let holder = fleet.job(#"{"id":"holder","token":"\#(InProcessFleet.token(900))","payload":{}}"#)
+        // A retry record for ten tokens: due a second after it is published, then waiting for
+        // all ten slots while the holder takes one (below the pause watermark, so it is fetched).
         let tokens = (0..<10).map { InProcessFleet.token(910 + $0) }
         @Sendable func waiting() -> KafkaOutgoingMessage {
             let notBefore = UnixMillis(Int64(Date().timeIntervalSince1970 * 1000) + 1000)
             let headers = RetryHeaders(attempt: 1, notBefore: notBefore, lastReason: "ServiceUnavailable").headers
                 + [RecordHeader("job-id", "wide-later"), RecordHeader("retry-tokens", tokens.joined(separator: ","))]
             let value = #"{"id":"wide-later","tokens":[\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))],"payload":{}}"#
-            return KafkaOutgoingMessage(topic: fleet.topics.jobs, partition: 0, key: nil, value: Array(value.utf8), headers: headers)
+            return KafkaOutgoingMessage(topic: fleet.topics.retry, partition: 0, key: nil, value: Array(value.utf8), headers: headers)
         }
         let phase = Shared(0)
         let heldAt = Shared<ContinuousClock.Instant?>(nil)

@@ -45,17 +45,22 @@ public struct JobIntake: Sendable {
     }
 
     public func accept(value: [UInt8], headers: [RecordHeader], source: SourcePosition, now: UnixMillis) -> IntakeDecision {
-        // A job without `id` keeps the id of its first consumption through retries.
-        let inheritedID = headers.text(RetryHeaders.jobIDKey)
+        // The retry headers (`attempt`, `not-before`, `last-reason`, `job-id`, `retry-tokens`)
+        // are the worker's own only on the retry topic; on a job topic they are the producer's,
+        // which must not skip tokens, fail a job unsent or hold its partition back.
+        let retryHeaders = source.topic == configuration.topics.retry ? headers : []
+        // A job without `id` keeps the id of its first consumption through retries (checked
+        // like an `id`: a record edited by hand must not carry a bad one into every result).
+        let inheritedID = retryHeaders.text(RetryHeaders.jobIDKey).flatMap { try? JobRules.identifier($0, field: RetryHeaders.jobIDKey) }
         let retry: RetryHeaders?
         do {
-            retry = try RetryHeaders(headers: headers)
+            retry = try RetryHeaders(headers: retryHeaders)
         } catch {
             // Still its job's id, and only the tokens it was retrying: the job's others already
             // have their results.
             return reject(
                 JobRejection(field: "\(error.field ?? "retry") header", error.message), value: value, headers: headers, source: source, now: now,
-                jobID: inheritedID ?? Self.bestEffortJobID(value: value, headers: headers), tokens: Self.namedRetryTokens(headers)
+                jobID: inheritedID ?? Self.bestEffortJobID(value: value, headers: headers), tokens: Self.namedRetryTokens(retryHeaders)
             )
         }
         do {
@@ -69,7 +74,7 @@ public struct JobIntake: Sendable {
                     defaults: configuration.apps[appIndex].defaults, appName: configuration.apps[appIndex].name, pushTypeTopics: !binary
                 )
                 if binary { try Self.checkBinaryInterface(job) }
-                let tokens = try retryTokens(headers: headers, job: job)
+                let tokens = try retryTokens(headers: retryHeaders, job: job)
                 // Nothing can fail past this point, so the job moves into the result uncopied.
                 let resolved = ResolvedJob(
                     job: consume job, topic: settled.topic, pushType: settled.pushType,
@@ -82,14 +87,14 @@ public struct JobIntake: Sendable {
             } catch {
                 // A retry record stands for the tokens it names: the job's others already have
                 // their results, and must not get a second, `invalid`, one.
-                let tokens = (try? retryTokens(headers: headers, job: job)) ?? Self.namedRetryTokens(headers) ?? job.tokens
+                let tokens = (try? retryTokens(headers: retryHeaders, job: job)) ?? Self.namedRetryTokens(retryHeaders) ?? job.tokens
                 return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job, tokens: tokens)
             }
         } catch {
             // A retry record whose job no longer decodes (a limit lowered since) still stands
             // only for the tokens it names.
             let jobID = inheritedID ?? Self.bestEffortJobID(value: value, headers: headers)
-            return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, tokens: Self.namedRetryTokens(headers))
+            return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, tokens: Self.namedRetryTokens(retryHeaders))
         }
     }
 
