@@ -125,7 +125,12 @@ public struct NotificationResult: Sendable, Hashable {
 
     /// The JSON value written to `apns.results`.
     public func encoded() -> [UInt8] {
-        var writer = JSONWriter(capacity: 512 + (meta?.count ?? 0))
+        // Room for the whole result at once (a regrowth copies it): the strings' lengths, plus
+        // the keys, numbers and timestamp (about 300 bytes). Escaping, rare, may still grow it.
+        let strings = jobID.utf8.count + token.utf8.count + (topic?.utf8.count ?? 0) + (app?.utf8.count ?? 0)
+            + (reason?.utf8.count ?? 0) + (apnsID?.utf8.count ?? 0) + (apnsUniqueID?.utf8.count ?? 0)
+            + worker.utf8.count + source.topic.utf8.count + (meta?.count ?? 0)
+        var writer = JSONWriter(capacity: strings + 384)
         writer.beginObject()
         writer.field("job_id", jobID)
         writer.field("token", token)
