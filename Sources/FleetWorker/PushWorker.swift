@@ -90,6 +90,11 @@ public final class PushWorker: Service, Sendable {
         self.now = now
         (waitingSteps, waitingStepsInput) = AsyncStream.makeStream()
         revocations?.attach(self)
+        // Series that exist from the start at 0: Prometheus's `increase()` cannot see the first
+        // increment of a series that appears already counting it (the first bad job, say).
+        for topic in [configuration.fleet.topics.jobs, configuration.fleet.topics.retry] {
+            _ = Counter(label: "apns.worker.dlq", dimensions: [("topic", topic)])
+        }
     }
 
     /// Notifications currently in flight.

@@ -302,10 +302,14 @@ final class ConsumerCore: @unchecked Sendable {
     private let metrics: any MetricsFactory
     private var storedOffsetGauges: [TopicPartition: Gauge] = [:]
     private var lagGauges: [TopicPartition: Gauge] = [:]
+    /// Made at start, so that the series exists at 0: Prometheus's `increase()` cannot see the
+    /// first stall of a series that appears already counting it.
+    private let stalls: Counter
 
     init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool, onLoss: KafkaConsumer.LossHandler?) {
         self.configuration = configuration
         self.metrics = configuration.client.metrics
+        self.stalls = Counter(label: "kafka.consumer.stalls", dimensions: [("client", configuration.client.clientID)], factory: configuration.client.metrics)
         self.logger = logger
         self.hasRevocationHandler = hasRevocationHandler
         self.onLoss = onLoss
@@ -876,7 +880,7 @@ final class ConsumerCore: @unchecked Sendable {
         let since = last.at
         guard busy, now - since > configuration.stallWarning else { return false }
         if !alreadyReported {
-            Counter(label: "kafka.consumer.stalls", dimensions: [("client", configuration.client.clientID)], factory: metrics).increment()
+            stalls.increment()
             logger.error(
                 "consumer pipeline stalled: records are waiting but none was taken or finished",
                 metadata: ["kafka.stalled_for": "\(now - since)"]

@@ -195,6 +195,9 @@ struct WorkerLifecycleTests {
         }
         #expect(value("kafka_consumer_records", ["client": "w-metrics"]) == Double(jobs.count), "jobs consumed")
         #expect(value("apns_worker_dlq", ["topic": "apns.jobs"]) == 7, "bad JSON, unknown app, oversize")
+        // At 0 from the start, not absent: alerts on `increase()` see the first one.
+        #expect(value("apns_worker_dlq", ["topic": "apns.jobs.retry"]) == 0)
+        #expect((value("kafka_consumer_stalls", ["client": "w-metrics"]) ?? value("kafka_consumer_stalls_total", ["client": "w-metrics"])) == 0)
         #expect(value("apns_worker_in_flight") == 0)
         #expect(value("apns_worker_added_latency_count") == 35, "one-token jobs APNs answered (the fan-out job's three are not timed)")
         #expect(value("apns_worker_added_latency_bucket", ["le": "0.002"]) != nil, "millisecond buckets, to judge the 2 ms target")
