@@ -85,6 +85,12 @@ struct ContractCodecTests {
         #expect(TokenEvent(result: result, observedAt: UnixMillis(77)) != nil)
         result.reason = "BadTopic"
         #expect(TokenEvent(result: result, observedAt: UnixMillis(77)) == nil)
+        // Any 410: a reason the reference does not list, or none at all.
+        result.status = 410
+        result.reason = "ExpiredToken"
+        #expect(TokenEvent(result: result, observedAt: UnixMillis(77))?.reason == "ExpiredToken")
+        result.reason = nil
+        #expect(TokenEvent(result: result, observedAt: UnixMillis(77))?.reason == "Unregistered")
         var invalid = sampleResult()
         invalid.outcome = .invalid
         invalid.status = nil

@@ -43,7 +43,11 @@ public struct TokenEvent: Sendable, Hashable {
     /// Whether `result` is APNs's own answer that the token is dead (whether or not it can key
     /// an event).
     public static func invalidates(_ result: NotificationResult) -> Bool {
-        guard result.outcome == .rejected, result.status != nil, let reason = result.reason else { return false }
+        guard result.outcome == .rejected, let status = result.status else { return false }
+        // A 410 says the token is no longer active for the topic whatever reason comes with it
+        // (Apple has added reasons since the reference, and one may come without any).
+        if status == 410 { return true }
+        guard let reason = result.reason else { return false }
         return invalidatingReasons.contains(reason)
     }
 
@@ -52,7 +56,8 @@ public struct TokenEvent: Sendable, Hashable {
     /// not a device token, whose topic is empty, or whose time is before 1970 (another
     /// producer's, say) implies none: its event would break the topic's key and schema.
     public init?(result: NotificationResult, observedAt: UnixMillis) {
-        guard Self.invalidates(result), let reason = result.reason, let topic = result.topic, !topic.isEmpty,
+        guard Self.invalidates(result), let reason = result.reason ?? (result.status == 410 ? APNsReason.unregistered.rawValue : nil),
+            let topic = result.topic, !topic.isEmpty,
             let token = try? DeviceToken(hex: result.token), observedAt.value >= 0
         else { return nil }
         // APNs's 410 timestamp says when the token stopped being valid, so it is never after the
