@@ -197,6 +197,16 @@ struct HostileInputTests {
         #expect(reason?.hasSuffix("nested deeper than 64 levels") == true)
     }
 
+    @Test("an envelope may nest 64 levels in all, counting itself, as a header-encoded job's payload may")
+    func nestingLimitCountsTheEnvelope() {
+        // The envelope is level 1, the payload object level 2: `levels` arrays inside reach level 2 + levels.
+        func envelope(levels: Int) -> String {
+            #"{"token":"\#(tokenA)","payload":{"x":\#(String(repeating: "[", count: levels) + String(repeating: "]", count: levels))}}"#
+        }
+        #expect(rejection(envelope(levels: 62)) == nil)
+        #expect(rejection(envelope(levels: 63))?.hasSuffix("nested deeper than 64 levels") == true)
+    }
+
     @Test("invalid UTF-8 anywhere is rejected")
     func invalidUTF8() {
         var bytes = Array(#"{"token":"\#(tokenA)","payload":{"aps":{"alert":"x"}}}"#.utf8)

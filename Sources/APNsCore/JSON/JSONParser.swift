@@ -12,6 +12,9 @@ public struct JSONParser {
     private(set) var index: Int
     private let end: Int
     private let maxDepth: Int
+    /// The depth of values read through the public calls: 1 once ``beginObject()`` has entered
+    /// the top-level object by hand, so that its members count that level too.
+    private var baseDepth = 0
 
     /// Parses `bytes[range]`; the whole range must be one JSON text.
     public init(bytes: [UInt8], range: Range<Int>? = nil, maxDepth: Int = JSONParser.defaultMaxDepth) {
@@ -51,6 +54,7 @@ public struct JSONParser {
             throw JSONSyntaxError("expected a JSON object", at: index)
         }
         index += 1
+        baseDepth = 1
     }
 
     /// Reads the next member key of the current object, or returns nil at its closing brace.
@@ -104,7 +108,7 @@ public struct JSONParser {
     mutating func skipValueReturningRange() throws(JSONSyntaxError) -> Range<Int> {
         skipWhitespace()
         let start = index
-        try skipValue()
+        try skipValue(depth: baseDepth)
         return start..<index
     }
 
@@ -124,7 +128,7 @@ public struct JSONParser {
     // MARK: - Values
 
     public mutating func parseValue() throws(JSONSyntaxError) -> JSONValue {
-        try parseValue(depth: 0)
+        try parseValue(depth: baseDepth)
     }
 
     private mutating func parseValue(depth: Int) throws(JSONSyntaxError) -> JSONValue {
