@@ -124,7 +124,12 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     @exclusivity(unchecked) private var goingAway = false
     @exclusivity(unchecked) private var advertisedMaxStreams: UInt32
     @exclusivity(unchecked) private var lastActivity = NIODeadline.now()
+    /// Error-rate and jitter draws: seeded per connection from `random_seed` when it is set, so
+    /// that runs repeat while connections still draw differently.
     @exclusivity(unchecked) private var random: SplitMix64
+    /// `apns-id` and `apns-unique-id` values: never seeded, so ids stay unique across
+    /// connections, simulators and runs whatever the seed (results carry them).
+    @exclusivity(unchecked) private var identifiers = SplitMix64(seed: UInt64.random(in: .min ... .max))
     private var flushScheduled = false
     /// Answers waiting out the configured latency, in due order, served by one timer: a timer
     /// per request cost the simulator more than making the answer.
@@ -146,12 +151,15 @@ final class SimulatorConnection: HTTP2SessionDelegate {
             self.tokenAuthenticator = nil
             self.certificateGrant = grant
         }
-        self.random = SplitMix64(seed: context.configuration.behaviour.randomSeed ?? UInt64.random(in: .min ... .max))
-        self.id = context.counters.openConnection(
+        let id = context.counters.openConnection(
             transport: transport,
             authentication: authentication.name,
             remoteAddress: channel.remoteAddress?.description ?? "?"
         )
+        self.id = id
+        // The connection's number mixed in (by SplitMix64's own increment): every connection
+        // of a seeded run would otherwise fail exactly the same requests.
+        self.random = SplitMix64(seed: context.configuration.behaviour.randomSeed.map { $0 &+ id &* 0x9E37_79B9_7F4A_7C15 } ?? UInt64.random(in: .min ... .max))
         self.advertisedMaxStreams = context.configuration.behaviour.maxConcurrentStreams
         // Streams beyond the table (more than 512 open at once) go to its overflow dictionary.
         self.streams = HTTP2StreamTable(minimumCapacity: Int(min(context.configuration.behaviour.maxConcurrentStreams, 512)))
@@ -285,7 +293,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         pending.requests += 1
         let behaviour = context.faults.effective(context.configuredRates)
         let rejection = judge(state, behaviour: behaviour)
-        let apnsID = state.head.apnsID.map(ResponseID.echoed) ?? .generated(RandomUUID(using: &random))
+        let apnsID = state.head.apnsID.map(ResponseID.echoed) ?? .generated(RandomUUID(using: &identifiers))
         if context.configuration.dump { dump(stream: stream, state: state, rejection: rejection) }
         if behaviour.latency > .zero || behaviour.latencyJitter > .zero {
             var delay = behaviour.latency
@@ -437,7 +445,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
             responseHeaders.append("apns-id", valueCount: UUIDText.count, neverIndex: true) { uuid.write(into: $0) }
         }
         if rejection == nil, context.configuration.behaviour.development {
-            let unique = RandomUUID(using: &random)
+            let unique = RandomUUID(using: &identifiers)
             responseHeaders.append("apns-unique-id", valueCount: UUIDText.count, neverIndex: true) { unique.write(into: $0) }
         }
         do {

@@ -855,3 +855,30 @@ struct DeadConnectionTests {
         return false
     }
 }
+
+@Suite("A seeded simulator", .timeLimit(.minutes(1)))
+struct SeededSimulatorTests {
+    @Test("with random_seed set, each connection still generates its own apns-ids (results carry them)")
+    func apnsIDsDifferAcrossConnections() async throws {
+        try await withPool(simulator: { $0.behaviour.randomSeed = 7 }) { first, simulator, credentials in
+            let port = try #require(simulator.port(.http2TLS))
+            let second = try APNsClientPool(configuration: credentials.configuration(port: port), logger: Fixture.logger)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await second.run() }
+                // The first request of each connection: with one seed for every connection, the
+                // simulator once gave both the same id.
+                var ids: [String] = []
+                for pool in [first, second] {
+                    guard case .answered(let response) = await pool.send(Fixture.notification(), timeout: .seconds(10)) else {
+                        Issue.record("no answer")
+                        break
+                    }
+                    ids.append(response.apnsID ?? "")
+                }
+                #expect(ids.count == 2 && ids[0] != ids[1] && !ids[0].isEmpty, "\(ids)")
+                second.shutdown()
+                try await group.waitForAll()
+            }
+        }
+    }
+}
