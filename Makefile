@@ -24,9 +24,10 @@ help:
 	@echo "make sanitize  APNsCore's tests under TSan and ASan;  make fuzz  libFuzzer over the decoders"
 	@echo "make config-reference  regenerate docs/configuration.md"
 
-# Installs only what is absent, so a machine that has everything never touches apt.
+# Installs only what is absent, so a machine that has everything never touches apt. A package
+# removed but not purged still has a dpkg record: only "install ok installed" counts.
 define install_missing
-	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
