@@ -156,7 +156,10 @@ struct HostileCorpusTests {
                 }
             }
             for record in corpus {
-                let report = try await producer.send(KafkaOutgoingMessage(topic: topics.jobs, value: record.value, headers: record.headers))
+                // Records with retry headers are hostile retry records: only the retry topic's
+                // retry headers are read (on a job topic they are the producer's own).
+                let isRetry = record.headers.contains { $0.key == RetryHeaders.attemptKey }
+                let report = try await producer.send(KafkaOutgoingMessage(topic: isRetry ? topics.retry : topics.jobs, value: record.value, headers: record.headers))
                 sources[SourcePosition(topic: report.topic, partition: report.partition, offset: report.offset)] = record
             }
             // Published after every hostile record: it must still be delivered.

@@ -192,7 +192,8 @@ public struct JobIntake: Sendable {
     }
 
     /// The tokens an unusable record seems to address, so each still gets its `invalid` result.
-    /// Only well-formed tokens are taken; anything else is reported under an empty token.
+    /// Only well-formed tokens are taken; entries that are not (one result stands for all of
+    /// them) are reported under an empty token, so a reader counting results misses none.
     static func bestEffortTokens(value: [UInt8], headers: [RecordHeader]) -> [String] {
         if headers.contains(where: { $0.key == JobDecoder.tokenHeader }) {
             // Empty, or not UTF-8: one result under an empty token.
@@ -204,10 +205,15 @@ public struct JobIntake: Sendable {
         if case .array(let list)? = parsed["tokens"] { candidates += list.prefix(100_000) }
         var seen = Set<String>()
         var tokens: [String] = []
+        var unreadable = false
         for candidate in candidates {
-            guard let text = candidate.string, let token = try? DeviceToken(hex: text), seen.insert(token.hex).inserted else { continue }
-            tokens.append(token.hex)
+            guard let text = candidate.string, let token = try? DeviceToken(hex: text) else {
+                unreadable = true
+                continue
+            }
+            if seen.insert(token.hex).inserted { tokens.append(token.hex) }
         }
+        if unreadable { tokens.append("") }
         return tokens
     }
 }
