@@ -77,3 +77,19 @@ public enum SecretFile {
         return "\(key): \(path) is readable by every user (mode \(String(mode & 0o777, radix: 8))); run chmod 600 on it"
     }
 }
+
+extension KafkaSettings {
+    /// Checks now that the TLS files the Kafka clients will load can be read: librdkafka's own
+    /// error ("ssl.ca.location failed") names neither the configuration key nor the file.
+    public func checkReadableFiles() throws(ConfigurationError) {
+        guard securityProtocol.usesTLS else { return }
+        for (key, path) in [("kafka.ssl.ca-file", sslCAFile), ("kafka.ssl.certificate-file", sslCertificateFile), ("kafka.ssl.key-file", sslKeyFile)] {
+            guard let path else { continue }
+            let descriptor = open(path, O_RDONLY)
+            guard descriptor >= 0 else {
+                throw ConfigurationError(key: key, "cannot read \(path): \(String(cString: strerror(errno)))")
+            }
+            close(descriptor)
+        }
+    }
+}

@@ -618,3 +618,26 @@ struct ConfigurationLoaderTests {
         }
     }
 }
+
+@Suite("Kafka TLS files")
+struct KafkaTLSFileTests {
+    @Test("a Kafka TLS file that cannot be read is a configuration error naming its key and path, before any client starts")
+    func unreadableFileNamed() throws {
+        var kafka = KafkaSettings()
+        kafka.securityProtocol = .ssl
+        kafka.sslCAFile = "/nonexistent/ca.pem"
+        do {
+            try kafka.checkReadableFiles()
+            Issue.record("expected an error")
+        } catch {
+            #expect(error.key == "kafka.ssl.ca-file")
+            #expect(error.description.contains("/nonexistent/ca.pem") && error.description.contains("No such file"), "\(error)")
+        }
+        // Without TLS the files are not used (a warning elsewhere says so), so not checked.
+        kafka.securityProtocol = .plaintext
+        try kafka.checkReadableFiles()
+        kafka.securityProtocol = .ssl
+        kafka.sslCAFile = CommandLine.arguments[0]
+        try kafka.checkReadableFiles()
+    }
+}
