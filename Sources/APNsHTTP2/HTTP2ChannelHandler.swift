@@ -25,6 +25,8 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     private var started = false
     @exclusivity(unchecked) private var inReadBurst = false
     @exclusivity(unchecked) private var closed = false
+    /// The last frames are being written; the close follows their write (`writeThenClose`).
+    @exclusivity(unchecked) private var closing = false
     /// A `read` held back while a server's channel is not writable.
     @exclusivity(unchecked) private var readHeld = false
     /// Set while the session produces output: libnghttp2 can close a stream from inside
@@ -124,7 +126,7 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     /// Writes whatever the session has ready, unless inside a read burst (then it is written at
     /// its end) or the channel is not writable (then when it becomes writable).
     func flushOutput() {
-        guard !inReadBurst, !closed, let context else { return }
+        guard !inReadBurst, !closed, !closing, let context else { return }
         guard !producing else {
             flushAgain = true
             return
@@ -140,14 +142,31 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
             fail(error)
             return
         }
+        let finished = !session.wantsRead && !session.wantsWrite
+        if finished {
+            // The session's last frames (a GOAWAY, the last answers) go out before the close.
+            writeThenClose(buffer, context: context)
+            return
+        }
         if buffer.readableBytes > 0 {
             context.writeAndFlush(wrapOutboundOut(buffer), promise: nil)
         }
         // A buffer grown by a huge burst is not kept.
         if buffer.capacity <= 1 << 20 { output = buffer }
-        if !session.wantsRead && !session.wantsWrite {
-            closeConnection()
-        }
+    }
+
+    /// Writes `buffer`, then closes once the socket has taken it: a close drops writes still
+    /// pending in the channel, which over cleartext HTTP/2 (no TLS close to wait on) would lose
+    /// the GOAWAY and answers that ended the session.
+    private func writeThenClose(_ buffer: ByteBuffer, context: ChannelHandlerContext) {
+        guard buffer.readableBytes > 0 else { return closeConnection() }
+        // Nothing more is written meanwhile: a later flush must not close before this write.
+        closing = true
+        let written = context.eventLoop.makePromise(of: Void.self)
+        context.writeAndFlush(wrapOutboundOut(buffer), promise: written)
+        written.futureResult.assumeIsolated().whenComplete { _ in self.closeConnection() }
+        // A peer that stopped reading must not keep the connection open.
+        context.eventLoop.assumeIsolated().scheduleTask(in: .seconds(5)) { self.closeConnection() }
     }
 
     /// What the session has ready, with flushes asked for meanwhile (from inside libnghttp2's
@@ -183,11 +202,9 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         onError?(error)
         // Whatever the session queued (a GOAWAY for a protocol error) goes out before closing.
         inReadBurst = false
-        if let context, !closed {
-            var buffer = context.channel.allocator.buffer(capacity: 0)
-            try? produce(into: &buffer)
-            if buffer.readableBytes > 0 { context.writeAndFlush(wrapOutboundOut(buffer), promise: nil) }
-        }
-        closeConnection()
+        guard let context, !closed, !closing else { return closeConnection() }
+        var buffer = context.channel.allocator.buffer(capacity: 0)
+        try? produce(into: &buffer)
+        writeThenClose(buffer, context: context)
     }
 }
