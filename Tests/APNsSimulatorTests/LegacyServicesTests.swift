@@ -94,6 +94,20 @@ struct LegacyServicesTests {
         return try await LegacyServices.start(configuration, output: { _ in })
     }
 
+    @Test("stop() closes the open gateway connections, not only the listening socket")
+    func stopClosesConnections() async throws {
+        let services = try await start()
+        let port = try #require(services.port(.gatewayPlain))
+        // Silent connections, which the gateway keeps open; one is closed by stop().
+        async let closedAfter = RawClient.silence(port: port, limit: .seconds(20))
+        try await Task.sleep(for: .milliseconds(300))
+        let stopping = ContinuousClock.now
+        await services.stop()
+        let closed = try await closedAfter
+        #expect(closed != nil, "the connection stayed open after stop()")
+        #expect(stopping.duration(to: .now) < .seconds(10))
+    }
+
     @Test("split and coalesced PDUs are all accepted, unregistered tokens included")
     func splitAndCoalesced() async throws {
         let services = try await start()

@@ -108,6 +108,7 @@ public final class LegacyServices: Sendable {
                     .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                     .childChannelInitializer { channel in
                         channel.eventLoop.makeCompletedFuture {
+                            guard state.connections.open(channel) else { throw ChannelError.ioOnClosedChannel }
                             if let context {
                                 try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: context))
                                 try channel.pipeline.syncOperations.addHandler(TLSHandshakeDeadline())
@@ -131,8 +132,11 @@ public final class LegacyServices: Sendable {
         return LegacyServices(ports: ports, channels: channels, state: state)
     }
 
+    /// Stops listening and closes the open connections (a client sees the service go away).
     public func stop() async {
         for channel in channels { try? await channel.close() }
+        let open = state.connections.stop()
+        for channel in open { try? await channel.close() }
     }
 
     /// Stops listening without waiting (for `defer` blocks); open connections finish on their own.
@@ -147,6 +151,7 @@ final class LegacyState: Sendable {
     let counts = Mutex(LegacyCounts())
     let logger: Logger
     let output: @Sendable (String) -> Void
+    let connections = OpenConnections()
 
     init(configuration: LegacyServicesConfiguration, logger: Logger, output: @escaping @Sendable (String) -> Void) {
         self.configuration = configuration
@@ -321,4 +326,32 @@ final class FeedbackHandler: ChannelInboundHandler {
 
 extension String {
     fileprivate var leftPaddedByte: String { count == 1 ? "0" + self : self }
+}
+
+/// The legacy services' accepted connections, so that `stop()` can close them.
+final class OpenConnections: Sendable {
+    private let state = Mutex<(channels: [ObjectIdentifier: any Channel], stopped: Bool)>(([:], false))
+
+    /// Tracks `channel` until it closes; false once stopped (the connection is refused).
+    func open(_ channel: any Channel) -> Bool {
+        let id = ObjectIdentifier(channel)
+        let accepted = state.withLock { state -> Bool in
+            guard !state.stopped else { return false }
+            state.channels[id] = channel
+            return true
+        }
+        if accepted {
+            channel.closeFuture.whenComplete { _ in self.state.withLock { _ = $0.channels.removeValue(forKey: id) } }
+        }
+        return accepted
+    }
+
+    /// Refuses connections from now on; the ones open.
+    func stop() -> [any Channel] {
+        state.withLock { state in
+            state.stopped = true
+            defer { state.channels = [:] }
+            return Array(state.channels.values)
+        }
+    }
 }
