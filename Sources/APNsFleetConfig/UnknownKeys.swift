@@ -132,7 +132,12 @@ enum UnknownKeys {
             // A value that parsed as a mapping (a password starting with "{", say): name the
             // key only, never what follows it.
             if let parent = catalogued(prefixOf: key) {
-                throw ConfigurationError(key: parent, "must be a single value, not a mapping (\(source))")
+                // Said by the key's own type: "a single value" misleads for a list of name=value.
+                let type = catalogueType(of: parent) ?? "a single value"
+                let expected = type.hasPrefix("list")
+                    ? "must be a \(type) ([a, b] in YAML or JSON), not a mapping"
+                    : "must be a single value (\(type)), not a mapping"
+                throw ConfigurationError(key: parent, "\(expected) (\(source))")
             }
             if key.split(separator: ".").contains("<<") {
                 throw ConfigurationError(key: key, "YAML merge keys (<<) are not supported; write the keys out (\(source))")

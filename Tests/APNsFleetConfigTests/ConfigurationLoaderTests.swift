@@ -426,7 +426,7 @@ struct ConfigurationLoaderTests {
     func singleValueForList() async throws {
         let path = try temporaryFile("fleet.yaml", "apps: example\n")
         let error = await #expect(throws: ConfigurationError.self) { try await ConfigurationLoader(filePath: path).load() }
-        #expect(error?.description == "configuration key 'apps' (in \(path)): must be a list: [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
+        #expect(error?.description == "configuration key 'apps' (in \(path)): must be a list of names: [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
     }
 
     @Test("the TLS key and certificate passwords can come from files too, checked like the SASL one")
@@ -561,8 +561,13 @@ struct ConfigurationLoaderTests {
         }
         // A password that YAML reads as a mapping: the message names the key, not the value.
         let braces = try temporaryFile("fleet.yaml", "kafka:\n  sasl:\n    password: {S3cr3t: x}\n")
-        await #expect(throws: ConfigurationError(key: "kafka.sasl.password", "must be a single value, not a mapping (in \(braces))")) {
+        await #expect(throws: ConfigurationError(key: "kafka.sasl.password", "must be a single value (secret string), not a mapping (in \(braces))")) {
             try await ConfigurationLoader(filePath: braces).load()
+        }
+        // A list written as a mapping: the message says a list is wanted, with its form.
+        let mapped = try temporaryFile("fleet.yaml", "kafka:\n  properties: {linger.ms: 5}\n")
+        await #expect(throws: ConfigurationError(key: "kafka.properties", "must be a list of name=value ([a, b] in YAML or JSON), not a mapping (in \(mapped))")) {
+            try await ConfigurationLoader(filePath: mapped).load()
         }
         let merge = try temporaryFile("fleet.yaml", "x-common: &common\n  connections: 4\napps: [a]\napp:\n  a:\n    <<: *common\n")
         await #expect(throws: ConfigurationError(key: "app.a.<<.connections", "YAML merge keys (<<) are not supported; write the keys out (in \(merge))")) {
