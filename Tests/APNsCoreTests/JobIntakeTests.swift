@@ -76,6 +76,20 @@ struct JobIntakeTests {
         #expect(badPayload.results.first?.reason == "tokens[1]: device token is not hex: character 1 is 'z'")
     }
 
+    @Test("a syntax error deep in the payload costs no device its result and keeps the producer's id")
+    func syntaxErrorAfterTokens() {
+        // A Latin-1 byte in the payload: the record is not JSON, but what came before stands.
+        var bytes = Array(#"{"id":"order-1","tokens":["\#(tokenA)","\#(tokenB)","nope"],"payload":{"aps":{"alert":"caf"#.utf8)
+        bytes += [0xE9] + Array(#""}}}"#.utf8)
+        guard case .rejected(let rejected) = intake.accept(value: bytes, headers: [], source: source, now: now) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(rejected.results.map(\.token) == [tokenA, tokenB, ""])
+        #expect(rejected.results.allSatisfy { $0.jobID == "order-1" })
+        #expect(rejected.rejection.reason.contains("UTF-8"), "\(rejected.rejection.reason)")
+    }
+
     @Test("a job that does not decode keeps its app, topic and meta in its invalid results, each where it is valid on its own")
     func undecodableKeepsItsContext() {
         func results(_ text: String, headers: [RecordHeader] = []) -> [NotificationResult] {

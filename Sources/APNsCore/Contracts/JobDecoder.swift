@@ -4,11 +4,25 @@ public struct JobContext: Sendable, Hashable {
     public var app: String?
     public var topic: String?
     public var meta: RawJSON?
+    /// The envelope's `id`, when it is a valid one.
+    public var id: String?
+    /// The well-formed tokens of `token` and `tokens`, lowercased, each once, in order.
+    public var tokens: [String] = []
+    /// Whether `token` or `tokens` held something that is not a device token.
+    public var hasUnreadableToken = false
 
     public init(app: String? = nil, topic: String? = nil, meta: RawJSON? = nil) {
         self.app = app
         self.topic = topic
         self.meta = meta
+    }
+
+    mutating func addToken(_ value: JSONValue) {
+        guard let text = value.string, let token = try? DeviceToken(hex: text) else {
+            hasUnreadableToken = true
+            return
+        }
+        if !tokens.contains(token.hex) { tokens.append(token.hex) }
     }
 }
 
@@ -330,8 +344,10 @@ public struct JobDecoder: Sendable {
 
     /// What the results of an unusable job can still carry: its `app`, `topic` and `meta`, each
     /// taken only when it is valid on its own (and `meta` only as the producer's exact bytes),
-    /// so that analytics can attribute an `invalid` result to its campaign. A syntax error ends
-    /// the reading; what came before it stands.
+    /// so that analytics can attribute an `invalid` result to its campaign; and, of an
+    /// envelope, its `id` and tokens, so that each device gets its result under the producer's
+    /// id. A syntax error ends the reading; what came before it stands (a byte that is not
+    /// UTF-8 deep in the payload loses none of the fields before it).
     public func bestEffortContext(value: [UInt8], headers: [RecordHeader]) -> JobContext {
         var context = JobContext()
         func meta(_ bytes: [UInt8], _ range: Range<Int>) -> RawJSON? {
@@ -343,7 +359,8 @@ public struct JobDecoder: Sendable {
         // Any header of the header encoding (even without apns-token) means the value is an APNs
         // payload, whose own `topic` or `meta` keys say nothing about the job. Not `job-id`:
         // every retry record carries one, JSON envelopes' too.
-        if headers.contains(where: { HeaderKey(name: $0.key).map { $0 != .jobID } ?? false }) {
+        let headerFields = headers.contains(where: { HeaderKey(name: $0.key).map { $0 != .jobID } ?? false })
+        if headerFields {
             for header in headers {
                 guard let key = HeaderKey(name: header.key), let text = header.text else { continue }
                 switch key {
@@ -355,8 +372,10 @@ public struct JobDecoder: Sendable {
                 default: break
                 }
             }
-            return context
         }
+        // Without apns-token the value is an envelope (what the decoder took it for), which names
+        // its id and devices whatever other headers came with it.
+        guard !headers.contains(where: { $0.key == Self.tokenHeader }) else { return context }
         var parser = JSONParser(bytes: value, maxDepth: limits.maximumDepth)
         do {
             try parser.beginObject()
@@ -364,13 +383,23 @@ public struct JobDecoder: Sendable {
             while let rawKey = try parser.nextRawKey(first: first) {
                 first = false
                 switch try parser.string(of: rawKey) {
-                case "meta":
+                case "meta" where !headerFields:
                     let range = try parser.skipValueReturningRange()
                     context.meta = context.meta ?? meta(value, range)
-                case "app":
+                case "app" where !headerFields:
                     if case .string(let text) = try parser.parseValue() { context.app = context.app ?? (try? JobRules.identifier(text, field: "app")) }
-                case "topic":
+                case "topic" where !headerFields:
                     if case .string(let text) = try parser.parseValue() { context.topic = context.topic ?? (try? JobRules.topic(text)) }
+                case "id":
+                    if case .string(let text) = try parser.parseValue() { context.id = context.id ?? (try? JobRules.identifier(text, field: "id")) }
+                case "token":
+                    context.addToken(try parser.parseValue())
+                case "tokens":
+                    if case .array(let list) = try parser.parseValue() {
+                        for value in list.prefix(100_000) { context.addToken(value) }
+                    } else {
+                        context.hasUnreadableToken = true
+                    }
                 default:
                     _ = try parser.skipValueReturningRange()
                 }

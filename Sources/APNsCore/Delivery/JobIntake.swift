@@ -60,7 +60,7 @@ public struct JobIntake: Sendable {
             // have their results.
             return reject(
                 JobRejection(field: "\(error.field ?? "retry") header", error.message), value: value, headers: headers, source: source, now: now,
-                jobID: inheritedID ?? Self.bestEffortJobID(value: value, headers: headers), tokens: Self.namedRetryTokens(retryHeaders)
+                jobID: inheritedID, tokens: Self.namedRetryTokens(retryHeaders)
             )
         }
         do {
@@ -93,8 +93,7 @@ public struct JobIntake: Sendable {
         } catch {
             // A retry record whose job no longer decodes (a limit lowered since) still stands
             // only for the tokens it names.
-            let jobID = inheritedID ?? Self.bestEffortJobID(value: value, headers: headers)
-            return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, tokens: Self.namedRetryTokens(retryHeaders))
+            return reject(error, value: value, headers: headers, source: source, now: now, jobID: inheritedID, tokens: Self.namedRetryTokens(retryHeaders))
         }
     }
 
@@ -118,22 +117,6 @@ public struct JobIntake: Sendable {
         if let token = job.tokens.first(where: { $0.bytes.count != LegacyNotification.tokenBytes }) {
             throw JobRejection(field: "token", "device token \(token.redacted) is \(token.bytes.count) bytes; the legacy binary interface takes \(LegacyNotification.tokenBytes)")
         }
-    }
-
-    /// The `id` of an envelope that failed validation, when it is readable, so that its
-    /// `invalid` results still carry the producer's own job id.
-    static func bestEffortJobID(value: [UInt8], headers: [RecordHeader]) -> String? {
-        guard let parsed = readableEnvelope(value: value, headers: headers), let id = parsed["id"]?.string else { return nil }
-        return try? JobRules.identifier(id, field: "id")
-    }
-
-    /// An unusable record's value as a JSON envelope, if it may be one: not a header-encoded
-    /// job's (its value is the APNs payload, whose `id` or `token` keys are the app's own). A
-    /// record over the size limit is parsed too (Kafka's own limit bounds it): its devices
-    /// still get their results.
-    private static func readableEnvelope(value: [UInt8], headers: [RecordHeader]) -> JSONValue? {
-        guard !headers.contains(where: { $0.key == JobDecoder.tokenHeader }) else { return nil }
-        return try? JSONParser.parse(value)
     }
 
     /// The header naming which tokens of a fan-out job a retry record is for.
@@ -171,15 +154,15 @@ public struct JobIntake: Sendable {
         job: NotificationJob? = nil,
         tokens jobTokens: [DeviceToken]? = nil
     ) -> IntakeDecision {
-        let tokens = (jobTokens ?? job?.tokens).map { $0.map(\.hex) } ?? Self.bestEffortTokens(value: value, headers: headers)
-        // A job that did not decode still names its app, topic and meta, most likely: its
-        // results carry them where they are valid on their own.
+        // A job that did not decode still names its app, topic, meta, id and tokens, most
+        // likely: its results carry them where they are valid on their own.
         let context = job.map { JobContext(app: $0.app, topic: $0.topic, meta: $0.meta) } ?? decoder.bestEffortContext(value: value, headers: headers)
+        let tokens = (jobTokens ?? job?.tokens).map { $0.map(\.hex) } ?? Self.bestEffortTokens(context, headers: headers)
         // Built once: a fan-out job may have thousands of tokens.
         let reason = rejection.reason
         let results = (tokens.isEmpty ? [""] : tokens).map { token in
             NotificationResult(
-                jobID: jobID ?? source.derivedJobID, token: token, topic: context.topic, app: context.app,
+                jobID: jobID ?? context.id ?? source.derivedJobID, token: token, topic: context.topic, app: context.app,
                 outcome: .invalid, reason: reason, attempts: 0, latencyMs: 0,
                 sentAt: now, worker: workerID, meta: context.meta, source: source
             )
@@ -194,26 +177,11 @@ public struct JobIntake: Sendable {
     /// The tokens an unusable record seems to address, so each still gets its `invalid` result.
     /// Only well-formed tokens are taken; entries that are not (one result stands for all of
     /// them) are reported under an empty token, so a reader counting results misses none.
-    static func bestEffortTokens(value: [UInt8], headers: [RecordHeader]) -> [String] {
+    static func bestEffortTokens(_ context: JobContext, headers: [RecordHeader]) -> [String] {
         if headers.contains(where: { $0.key == JobDecoder.tokenHeader }) {
             // Empty, or not UTF-8: one result under an empty token.
             return [headers.text(JobDecoder.tokenHeader).flatMap { try? DeviceToken(hex: $0) }?.hex ?? ""]
         }
-        guard let parsed = readableEnvelope(value: value, headers: headers), case .object = parsed else { return [] }
-        var candidates: [JSONValue] = []
-        if let single = parsed["token"] { candidates.append(single) }
-        if case .array(let list)? = parsed["tokens"] { candidates += list.prefix(100_000) }
-        var seen = Set<String>()
-        var tokens: [String] = []
-        var unreadable = false
-        for candidate in candidates {
-            guard let text = candidate.string, let token = try? DeviceToken(hex: text) else {
-                unreadable = true
-                continue
-            }
-            if seen.insert(token.hex).inserted { tokens.append(token.hex) }
-        }
-        if unreadable { tokens.append("") }
-        return tokens
+        return context.tokens + (context.hasUnreadableToken ? [""] : [])
     }
 }
