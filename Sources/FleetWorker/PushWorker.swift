@@ -740,7 +740,7 @@ public final class PushWorker: Service, Sendable {
         // Read back as the next consumer would: the job and the tokens the record names.
         let source = SourcePosition(topic: record.topic, partition: record.partition, offset: record.offset)
         let job: JobInFlight
-        switch intake.accept(value: message.value, headers: message.headers, source: source, now: now()) {
+        switch intake.accept(value: message.value, headers: message.headers, source: source, now: now(), isRetryRecord: true) {
         case .accepted(let accepted): job = JobInFlight(accepted)
         // What its consumer would make of it (only a record handed back unread can be unusable).
         case .rejected(let rejected): return rejectionMessages(rejected, record: record)

@@ -125,9 +125,11 @@ struct PushWorkerPipelineTests {
             if result.outcome == .rejected, let reason = result.reason { actual += "/\(reason)" }
             #expect(expected[key] == actual, "\(key)")
         }
-        let broken = results.filter { $0.jobID.hasPrefix("apns.jobs-") }
+        // Cut short after its id: the result keeps the producer's id, under an empty token.
+        let broken = results.filter { $0.jobID == "badjson" }
         #expect(broken.count == 1)
         #expect(broken.first?.outcome == .invalid && broken.first?.token == "")
+        #expect(!results.contains { $0.jobID.hasPrefix("apns.jobs-") }, "no result under a derived id: every job named its own")
         #expect(results.first { $0.jobID == "gone" }?.unregisteredAt == 1_767_225_600_123)
         #expect(results.first { $0.jobID == "ok-7" }?.meta?.description == #"{"n":7}"#)
         #expect(results.first { $0.jobID == "big" }?.reason == "payload: payload is 4208 bytes; at most 4096 are allowed for push type alert")

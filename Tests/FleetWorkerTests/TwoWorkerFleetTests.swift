@@ -201,7 +201,7 @@ struct JobPlan {
             case 6:  // over 4 KiB
                 add(#"{"id":"\#(id)","token":"\#(good)","push_type":"alert","payload":{"b":"\#(String(repeating: "x", count: 4200))"}}"#, id: id, [("", "invalid")], unusable: true)
             case 7:  // not JSON at all: expected under the id derived from its offset, once published
-                add(#"{"id":"\#(id)","token":"\#(good)","payload":{"#, id: id, [], unusable: true)
+                add("not JSON: \(id)", id: id, [], unusable: true)
                 malformed.insert(index)
             case 8:  // an app nobody configured
                 add(#"{"id":"\#(id)","token":"\#(good)","payload":{},"app":"ghost"}"#, id: id, [("", "invalid")], unusable: true)

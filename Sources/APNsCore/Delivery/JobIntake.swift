@@ -44,11 +44,14 @@ public struct JobIntake: Sendable {
         self.workerID = workerID
     }
 
-    public func accept(value: [UInt8], headers: [RecordHeader], source: SourcePosition, now: UnixMillis) -> IntakeDecision {
+    /// `isRetryRecord` says whether the record is the worker's own retry record: by default,
+    /// whether `source` is on the retry topic (a retry record read back before it is published
+    /// keeps its job's source).
+    public func accept(value: [UInt8], headers: [RecordHeader], source: SourcePosition, now: UnixMillis, isRetryRecord: Bool? = nil) -> IntakeDecision {
         // The retry headers (`attempt`, `not-before`, `last-reason`, `job-id`, `retry-tokens`)
         // are the worker's own only on the retry topic; on a job topic they are the producer's,
         // which must not skip tokens, fail a job unsent or hold its partition back.
-        let retryHeaders = source.topic == configuration.topics.retry ? headers : []
+        let retryHeaders = isRetryRecord ?? (source.topic == configuration.topics.retry) ? headers : []
         // A job without `id` keeps the id of its first consumption through retries (checked
         // like an `id`: a record edited by hand must not carry a bad one into every result).
         let inheritedID = retryHeaders.text(RetryHeaders.jobIDKey).flatMap { try? JobRules.identifier($0, field: RetryHeaders.jobIDKey) }
