@@ -234,6 +234,10 @@ public struct KafkaConsumerConfiguration: Sendable {
     /// Most records buffered between librdkafka and the caller; when full the poll thread waits,
     /// then pauses fetching (it keeps serving rebalances). Default: 10,000.
     public var bufferCapacity = 10_000
+    /// Most bytes (values and keys) buffered between librdkafka and the caller, as
+    /// ``bufferCapacity`` bounds records: fan-out jobs of hundreds of kilobytes would otherwise
+    /// buffer gigabytes. A batch stops growing at a quarter of it. Default: 32 MiB.
+    public var bufferCapacityBytes = 32 << 20
     /// How long a revocation waits for in-flight records of the revoked partitions to finish
     /// before storing offsets and giving them up. Default: 10 seconds.
     public var drainTimeout: Duration = .seconds(10)

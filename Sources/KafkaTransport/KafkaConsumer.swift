@@ -51,8 +51,8 @@ public final class KafkaConsumer: Service, Sendable {
         guard !configuration.topics.isEmpty else {
             throw KafkaError(code: .invalidArgument, message: "a consumer needs at least one topic")
         }
-        guard configuration.maxBatchSize > 0, configuration.bufferCapacity > 0 else {
-            throw KafkaError(code: .invalidArgument, message: "maxBatchSize and bufferCapacity must be positive")
+        guard configuration.maxBatchSize > 0, configuration.bufferCapacity > 0, configuration.bufferCapacityBytes > 0 else {
+            throw KafkaError(code: .invalidArgument, message: "maxBatchSize, bufferCapacity and bufferCapacityBytes must be positive")
         }
         let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil, onLoss: onLoss)
         let context = ClientContext(logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metrics) { rk, error, list in
@@ -249,6 +249,8 @@ final class ConsumerCore: @unchecked Sendable {
     private var buffer: [[KafkaRecord]] = []
     private var bufferHead = 0
     private var bufferedCount = 0
+    /// Values and keys of the buffered records, in bytes (see `bufferCapacityBytes`).
+    private var bufferedBytes = 0
     private var waiter: UnsafeContinuation<[KafkaRecord]?, Never>?
     private var finished = false
     private var started = false
@@ -467,7 +469,8 @@ final class ConsumerCore: @unchecked Sendable {
                 bufferHead = 0
             }
             bufferedCount -= chunk.count
-            if pollWaitingForSpace, bufferedCount < configuration.bufferCapacity / 2 + 1 { lock.broadcast() }
+            bufferedBytes -= Self.byteCount(of: chunk)
+            if pollWaitingForSpace, hasRoomLocked { lock.broadcast() }
             // Records of partitions being revoked, or fetched under an older assignment, are
             // dropped: they were never dispatched, so they will be fetched again. Usually none is,
             // and the chunk is handed over as is, without copying records.
@@ -552,7 +555,7 @@ final class ConsumerCore: @unchecked Sendable {
                 rdKafka: subscribeError
             )
         }
-        let capacity = configuration.bufferCapacity
+        let batchBytesLimit = max(1, configuration.bufferCapacityBytes / 4)
         let pollMilliseconds = Int32(clamping: max(1, configuration.pollTimeout.milliseconds))
         var batch: [KafkaRecord] = []
         batch.reserveCapacity(configuration.maxBatchSize)
@@ -570,15 +573,15 @@ final class ConsumerCore: @unchecked Sendable {
                 lock.unlock()
                 break
             }
-            var full = bufferedCount >= capacity
+            var full = isFullLocked
             if full {
                 // Give the caller a moment to take records before pausing the partitions.
                 pollWaitingForSpace = true
                 _ = lock.wait(until: Date(timeIntervalSinceNow: 0.05))
                 pollWaitingForSpace = false
-                full = bufferedCount >= capacity
+                full = isFullLocked
             }
-            let resumeInternal = internallyPaused && bufferedCount <= capacity / 2
+            let resumeInternal = internallyPaused && hasRoomLocked
             let applyPauses = pauseDirty || resumeInternal || (full && !internallyPaused)
             pauseDirty = false
             applyCompletionsLocked()
@@ -593,13 +596,15 @@ final class ConsumerCore: @unchecked Sendable {
             // While paused for back-pressure, poll briefly: only to serve rebalances and events.
             var timeout = internallyPaused ? Int32(10) : pollMilliseconds
             var polledAt: UInt64 = 0
-            while batch.count < configuration.maxBatchSize {
+            var batchBytes = 0
+            while batch.count < configuration.maxBatchSize, batchBytes < batchBytesLimit {
                 guard let message = rd_kafka_consumer_poll(rk, timeout) else { break }
                 // One clock read per burst: the rest of it comes back within microseconds.
                 if timeout != 0 { polledAt = DispatchTime.now().uptimeNanoseconds }
                 timeout = 0
                 if message.pointee.err == RD_KAFKA_RESP_ERR_NO_ERROR {
                     batch.append(record(from: message, polledAt: polledAt))
+                    batchBytes += message.pointee.len + message.pointee.key_len
                 } else {
                     consumerError(message.pointee, rk: rk)
                 }
@@ -632,6 +637,7 @@ final class ConsumerCore: @unchecked Sendable {
             buffer.removeAll()
             bufferHead = 0
             bufferedCount = 0
+            bufferedBytes = 0
             defer { waiter = nil }
             return waiter
         }
@@ -652,6 +658,20 @@ final class ConsumerCore: @unchecked Sendable {
         return handle.context.fatalError.withLock { $0 }
     }
 
+    /// The buffer is full by records or by bytes; the poll loop waits, then pauses fetching.
+    private var isFullLocked: Bool {
+        bufferedCount >= configuration.bufferCapacity || bufferedBytes >= configuration.bufferCapacityBytes
+    }
+
+    /// Down to half of both bounds: fetching may go on.
+    private var hasRoomLocked: Bool {
+        bufferedCount <= configuration.bufferCapacity / 2 && bufferedBytes <= configuration.bufferCapacityBytes / 2
+    }
+
+    private static func byteCount(of records: [KafkaRecord]) -> Int {
+        records.reduce(0) { $0 + $1.value.count + ($1.key?.count ?? 0) }
+    }
+
     private func deliver(_ batch: [KafkaRecord]) {
         lock.lock()
         guard !finished else {
@@ -660,6 +680,7 @@ final class ConsumerCore: @unchecked Sendable {
         }
         buffer.append(batch)
         bufferedCount += batch.count
+        bufferedBytes += Self.byteCount(of: batch)
         var resumption: (UnsafeContinuation<[KafkaRecord]?, Never>, [KafkaRecord])?
         if let waiting = waiter, let ready = takeBatchLocked() {
             waiter = nil

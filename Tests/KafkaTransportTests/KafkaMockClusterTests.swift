@@ -648,3 +648,38 @@ extension KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(5))
     }
 }
+
+extension KafkaMockClusterTests {
+    @Test("the buffer is bounded in bytes too: large records not taken pause fetching long before the record bound")
+    func bufferBoundedInBytes() async throws {
+        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+        try cluster.createTopic("large", partitions: 2)
+        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        for index in 0..<40 {
+            _ = try await producer.send(KafkaOutgoingMessage(topic: "large", partition: Int32(index % 2), value: [UInt8](repeating: UInt8(ascii: "x"), count: 10_000)))
+        }
+        var configuration = consumerConfiguration(cluster, group: "large-group", topics: ["large"])
+        configuration.bufferCapacity = 10_000
+        configuration.bufferCapacityBytes = 100_000
+        let consumer = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        try await withTimeout(60, "the byte bound") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                // Nobody takes the batches: 400 KB wait, four times the byte bound, 40 records.
+                try await waitUntil("fetching paused by the byte bound") { consumer.pausedPartitions.count == 2 }
+                // Taken, the buffer drains and fetching goes on: every record comes through.
+                var taken = 0
+                for await batch in consumer.batches {
+                    #expect(batch.reduce(0) { $0 + $1.value.count } <= 100_000 / 4 + 10_000, "a batch stops at a quarter of the bound")
+                    taken += batch.count
+                    consumer.markFinished(batch)
+                    if taken == 40 { break }
+                }
+                #expect(taken == 40)
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+}
