@@ -116,6 +116,40 @@ struct HTTP2SessionTests {
         #expect(client.remoteSetting(.maxConcurrentStreams) == 10)
     }
 
+    /// libnghttp2 (1.52) does this itself; pinned here because a field dropped silently instead
+    /// would let the simulator judge a request other than the one sent.
+    @Test("a request header with a malformed value resets its stream on a server, instead of vanishing from the request")
+    func malformedHeaderValueResetsStream() throws {
+        let serverDelegate = RecordingDelegate()
+        let clientDelegate = RecordingDelegate()
+        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
+        let client = try HTTP2Session(role: .client, delegate: clientDelegate)
+        try server.submitSettings([.maxConcurrentStreams(10)])
+        try client.submitSettings([])
+        serverDelegate.respond = { session, stream in
+            try? session.submitResponse(stream: stream, headers: [HTTP2Header(":status", "200")], body: nil)
+        }
+        func request(priority: String) throws -> Int32 {
+            try client.submitRequest(
+                headers: [
+                    HTTP2Header(":method", "POST"), HTTP2Header(":scheme", "https"),
+                    HTTP2Header(":path", "/3/device/00"), HTTP2Header(":authority", "localhost"),
+                    HTTP2Header("apns-priority", priority),
+                ],
+                body: ByteBuffer(string: "{}")
+            )
+        }
+        // Trailing white space, a line feed: RFC 9113 calls such requests malformed.
+        let bad = [try request(priority: "10 "), try request(priority: "10\n")]
+        let good = try request(priority: "10")
+        try pump(client, server)
+        for stream in bad {
+            #expect(clientDelegate.closed[stream] == .protocolError, "\(clientDelegate.closed)")
+            #expect(serverDelegate.ended.contains(stream) == false, "the server never took it as a request")
+        }
+        #expect(clientDelegate.headers[good]?.first(where: { $0.0 == ":status" })?.1 == "200")
+    }
+
     @Test("a request queued behind the peer's stream limit has not sent its HEADERS, and a reset cancels it unsent")
     func queuedRequestCancelled() throws {
         let serverDelegate = RecordingDelegate()
