@@ -15,6 +15,9 @@ public struct APNsRequestHead: Sendable, Hashable {
     public var pushType: String?
     /// The name of the first header that appeared twice, if any.
     public var duplicateHeader: String?
+    /// The header list was larger than the SETTINGS_MAX_HEADER_LIST_SIZE the simulator
+    /// advertises (8000, as APNs does); what came after the limit was not read.
+    public var headerListTooLarge = false
 
     public init(
         method: String? = nil,
@@ -96,11 +99,18 @@ public struct APNsAcceptedRequest: Sendable, Hashable {
 public struct RequestValidator: Sendable {
     /// Not in Table 8-6 but what APNs answers for an unknown `apns-push-type`.
     public static let invalidPushType = APNsReason(rawValue: "InvalidPushType")
+    /// The simulator's own reason for a header list over the advertised limit (answered 431).
+    public static let headerListTooLarge = APNsReason(rawValue: "RequestHeaderFieldsTooLarge")
+    /// SETTINGS_MAX_HEADER_LIST_SIZE as APNs advertises it.
+    public static let maximumHeaderListSize = 8000
 
     public init() {}
 
     /// Method, path and repeated headers: the rules checked before authentication.
     public func checkRoute(_ head: APNsRequestHead) -> APNsRejection? {
+        // libnghttp2 advertises the limit but does not enforce it. RFC 9113 lets a server answer
+        // 431; what APNs does is not documented, so the simulator's reason is its own.
+        if head.headerListTooLarge { return APNsRejection(Self.headerListTooLarge, status: 431) }
         if head.method != "POST" { return APNsRejection(.methodNotAllowed) }
         guard let path = head.path else { return APNsRejection(.badPath) }
         let shape = Self.pathShape(path)

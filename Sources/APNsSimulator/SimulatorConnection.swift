@@ -87,6 +87,8 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         var bodyCount = 0
         var body: ByteBuffer?
         var dumpHeaders: [(String, String)] = []
+        /// The header list's size as RFC 9113 counts it (name + value + 32 per field).
+        var headerListBytes = 0
 
         /// Keeps body bytes for `--dump`; payloads above the largest limit are only counted.
         mutating func keep(_ chunk: HTTP2DataChunk, allocator: ByteBufferAllocator) {
@@ -173,7 +175,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         [
             .maxConcurrentStreams(advertisedMaxStreams),
             HTTP2Setting(.headerTableSize, 4096),
-            HTTP2Setting(.maxHeaderListSize, 8000),
+            HTTP2Setting(.maxHeaderListSize, UInt32(RequestValidator.maximumHeaderListSize)),
         ]
     }
 
@@ -221,6 +223,13 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         default: kind = nil
         }
         guard stream == currentStream else { return }
+        // Over the advertised limit nothing more is kept (a peer ignoring it could otherwise
+        // make each stream hold megabytes of headers); the request is answered 431.
+        current.headerListBytes += field.nameCount + field.valueCount + 32
+        if current.headerListBytes > RequestValidator.maximumHeaderListSize {
+            current.head.headerListTooLarge = true
+            return
+        }
         if context.configuration.dump { current.dumpHeaders.append((field.name, field.value)) }
         guard let kind else { return }
         let bit: UInt16 = 1 << UInt16(kind.rawValue)

@@ -175,6 +175,8 @@ struct SimulatorIntegrationTests {
                 Case(name: "collapse id", url: base + Self.good, headers: auth.merging(["apns-collapse-id": String(repeating: "x", count: 65)]) { $1 }, status: 400, reason: "BadCollapseId"),
                 Case(name: "duplicate", url: base + Self.good, headers: auth, extraHeaders: ["apns-priority: 10", "apns-priority: 5"], status: 400, reason: "DuplicateHeaders"),
                 Case(name: "empty payload", url: base + Self.good, headers: auth, payload: "", status: 400, reason: "PayloadEmpty"),
+                // Over the SETTINGS_MAX_HEADER_LIST_SIZE (8000) the simulator advertises.
+                Case(name: "header list too large", url: base + Self.good, headers: auth, extraHeaders: ["x-padding: " + String(repeating: "p", count: 9000)], status: 431, reason: "RequestHeaderFieldsTooLarge"),
                 Case(name: "large payload", url: base + Self.good, headers: auth, payload: "{\"a\":\"" + String(repeating: "x", count: 4100) + "\"}", status: 413, reason: "PayloadTooLarge"),
                 Case(name: "no token", url: base + Self.good, headers: ["apns-topic": "com.example.app"], status: 403, reason: "MissingProviderToken"),
                 Case(name: "forged", url: base + Self.good, headers: auth.merging(["authorization": "bearer \(try credentials.forgedToken())"]) { $1 }, status: 403, reason: "InvalidProviderToken"),
