@@ -71,6 +71,18 @@ struct HTTP2SessionTests {
     }
 
     /// Moves bytes both ways until neither side has anything to send.
+    /// A server advertising `maxConcurrentStreams` and a client, each with a recording delegate,
+    /// their SETTINGS queued.
+    func sessionPair(maxConcurrentStreams: UInt32 = 10) throws -> (server: HTTP2Session, serverDelegate: RecordingDelegate, client: HTTP2Session, clientDelegate: RecordingDelegate) {
+        let serverDelegate = RecordingDelegate()
+        let clientDelegate = RecordingDelegate()
+        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
+        let client = try HTTP2Session(role: .client, delegate: clientDelegate)
+        try server.submitSettings([.maxConcurrentStreams(maxConcurrentStreams)])
+        try client.submitSettings([])
+        return (server, serverDelegate, client, clientDelegate)
+    }
+
     func pump(_ a: HTTP2Session, _ b: HTTP2Session) throws {
         for _ in 0..<32 {
             var ab = ByteBuffer()
@@ -85,12 +97,7 @@ struct HTTP2SessionTests {
 
     @Test("request with body, response with body, headers never indexed")
     func requestResponse() throws {
-        let serverDelegate = RecordingDelegate()
-        let clientDelegate = RecordingDelegate()
-        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
-        let client = try HTTP2Session(role: .client, delegate: clientDelegate)
-        try server.submitSettings([.maxConcurrentStreams(10)])
-        try client.submitSettings([])
+        let (server, serverDelegate, client, clientDelegate) = try sessionPair()
         serverDelegate.respond = { session, stream in
             try? session.submitResponse(
                 stream: stream,
@@ -120,12 +127,7 @@ struct HTTP2SessionTests {
     /// would let the simulator judge a request other than the one sent.
     @Test("a request header with a malformed value resets its stream on a server, instead of vanishing from the request")
     func malformedHeaderValueResetsStream() throws {
-        let serverDelegate = RecordingDelegate()
-        let clientDelegate = RecordingDelegate()
-        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
-        let client = try HTTP2Session(role: .client, delegate: clientDelegate)
-        try server.submitSettings([.maxConcurrentStreams(10)])
-        try client.submitSettings([])
+        let (server, serverDelegate, client, clientDelegate) = try sessionPair()
         serverDelegate.respond = { session, stream in
             try? session.submitResponse(stream: stream, headers: [HTTP2Header(":status", "200")], body: nil)
         }
@@ -184,12 +186,7 @@ struct HTTP2SessionTests {
 
     @Test("PING, SETTINGS changes, RST_STREAM and GOAWAY with opaque data")
     func controlFrames() throws {
-        let serverDelegate = RecordingDelegate()
-        let clientDelegate = RecordingDelegate()
-        let server = try HTTP2Session(role: .server, delegate: serverDelegate)
-        let client = try HTTP2Session(role: .client, delegate: clientDelegate)
-        try server.submitSettings([.maxConcurrentStreams(1000)])
-        try client.submitSettings([])
+        let (server, _, client, clientDelegate) = try sessionPair(maxConcurrentStreams: 1000)
         try client.submitPing(opaqueData: 0x0102_0304_0506_0708)
         try pump(client, server)
         #expect(clientDelegate.pingAcks == [0x0102_0304_0506_0708])
