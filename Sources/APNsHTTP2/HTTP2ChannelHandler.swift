@@ -27,6 +27,8 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     @exclusivity(unchecked) private var closed = false
     /// The last frames are being written; the close follows their write (`writeThenClose`).
     @exclusivity(unchecked) private var closing = false
+    /// Closes the connection if the last frames are not written in time.
+    private var closeDeadline: Scheduled<Void>?
     /// A `read` held back while a server's channel is not writable.
     @exclusivity(unchecked) private var readHeld = false
     /// Set while the session produces output: libnghttp2 can close a stream from inside
@@ -64,6 +66,8 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
 
     public func channelInactive(context: ChannelHandlerContext) {
         closed = true
+        closeDeadline?.cancel()
+        closeDeadline = nil
         session.delegate?.http2SessionDidClose(session)
         context.fireChannelInactive()
     }
@@ -73,7 +77,7 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         // A big read is fed in slices, and what each slice produced is written before the next:
         // the peer then works on the first answers while the rest are made, instead of the two
         // sides taking turns over whole bursts.
-        while !closed, let slice = buffer.readSlice(length: min(buffer.readableBytes, Self.inputSliceBytes)), slice.readableBytes > 0 {
+        while !closed, !closing, let slice = buffer.readSlice(length: min(buffer.readableBytes, Self.inputSliceBytes)), slice.readableBytes > 0 {
             inReadBurst = true
             do {
                 try session.receive(slice)
@@ -166,7 +170,7 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         context.writeAndFlush(wrapOutboundOut(buffer), promise: written)
         written.futureResult.assumeIsolated().whenComplete { _ in self.closeConnection() }
         // A peer that stopped reading must not keep the connection open.
-        context.eventLoop.assumeIsolated().scheduleTask(in: .seconds(5)) { self.closeConnection() }
+        closeDeadline = context.eventLoop.assumeIsolated().scheduleTask(in: .seconds(5)) { self.closeConnection() }
     }
 
     /// What the session has ready, with flushes asked for meanwhile (from inside libnghttp2's
@@ -181,6 +185,9 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     }
 
     func closeConnection() {
+        // Cancelled here, or the handler and its session would live on for its 5 s.
+        closeDeadline?.cancel()
+        closeDeadline = nil
         guard !closed, let context else { return }
         closed = true
         context.close(promise: nil)

@@ -159,9 +159,13 @@ final class SimulatorConnection: HTTP2SessionDelegate {
             remoteAddress: channel.remoteAddress?.description ?? "?"
         )
         self.id = id
-        // The connection's number mixed in (by SplitMix64's own increment): every connection
-        // of a seeded run would otherwise fail exactly the same requests.
-        self.random = SplitMix64(seed: context.configuration.behaviour.randomSeed.map { $0 &+ id &* 0x9E37_79B9_7F4A_7C15 } ?? UInt64.random(in: .min ... .max))
+        // The connection's number mixed in: every connection of a seeded run would otherwise
+        // fail exactly the same requests. Through one draw, so that connections do not get
+        // shifted copies of one stream (SplitMix64 steps by a constant).
+        self.random = SplitMix64(seed: context.configuration.behaviour.randomSeed.map { seed in
+            var mixer = SplitMix64(seed: seed &+ id)
+            return mixer.next()
+        } ?? UInt64.random(in: .min ... .max))
         self.advertisedMaxStreams = context.configuration.behaviour.maxConcurrentStreams
         // Streams beyond the table (more than 512 open at once) go to its overflow dictionary.
         self.streams = HTTP2StreamTable(minimumCapacity: Int(min(context.configuration.behaviour.maxConcurrentStreams, 512)))

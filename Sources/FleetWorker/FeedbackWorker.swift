@@ -67,6 +67,8 @@ public final class FeedbackWorker: Service, Sendable {
     /// that might never be published.
     private let stopRequested: @Sendable () -> Bool
     private let lastPolls = Mutex<[String: Bool]>([:])
+    /// Apps whose feedback service has answered a poll at least once.
+    private let everPolled = Mutex<Set<String>>([])
 
     private let resultsRead = Counter(label: "apns.feedback.results")
     private let undecodable = Counter(label: "apns.feedback.results.undecodable")
@@ -95,15 +97,18 @@ public final class FeedbackWorker: Service, Sendable {
     /// Whether the last poll of each feedback service succeeded (app → success), for readiness.
     public var feedbackServiceHealth: [String: Bool] { lastPolls.withLock { $0 } }
 
-    /// `/readyz`: partitions assigned, Kafka taking the events, and the last poll of every
-    /// legacy feedback service a success (a certificate the service refuses shows here, so a
-    /// rollout with it stops). Before a service's first poll it counts as healthy.
+    /// `/readyz`: partitions assigned, Kafka taking the events, and no legacy feedback service
+    /// that has failed every poll so far: a certificate the service refuses shows here, so a
+    /// rollout with it stops. Once a service has answered, a later failure (a network blip
+    /// before a poll an hour away) shows in `apns_feedback_polls{outcome="error"}` and the log
+    /// instead of making every replica unready until the next poll.
     public func readiness(assignedPartitions: Int) -> AdminServer.Readiness {
         if assignedPartitions == 0 { return .init(ready: false, detail: "no partitions assigned") }
         if let problem = publishStalls.problem() { return .init(ready: false, detail: problem) }
-        let failing = feedbackServiceHealth.filter { !$0.value }.map(\.key).sorted()
+        let answered = everPolled.withLock { $0 }
+        let failing = feedbackServiceHealth.filter { !$0.value && !answered.contains($0.key) }.map(\.key).sorted()
         if !failing.isEmpty {
-            return .init(ready: false, detail: "the last poll of the legacy feedback service failed for \(failing.joined(separator: ", ")) (see the log)")
+            return .init(ready: false, detail: "every poll of the legacy feedback service has failed so far for \(failing.joined(separator: ", ")) (see the log)")
         }
         return .init(ready: true, detail: "\(assignedPartitions) partitions, \(services.count) feedback services")
     }
@@ -187,7 +192,9 @@ public final class FeedbackWorker: Service, Sendable {
 
     private func count(_ events: [TokenEvent]) {
         for event in events {
-            Counter(label: "apns.feedback.events", dimensions: [("reason", event.reason), ("source", event.source.rawValue)]).increment()
+            // Reasons outside the reference's table (any 410 makes an event) share one label value.
+            let reason = TokenEvent.invalidatingReasons.contains(event.reason) ? event.reason : "other"
+            Counter(label: "apns.feedback.events", dimensions: [("reason", reason), ("source", event.source.rawValue)]).increment()
         }
     }
 
@@ -251,6 +258,7 @@ public final class FeedbackWorker: Service, Sendable {
                 }
             }
             lastPolls.withLock { $0[service.app] = true }
+            everPolled.withLock { _ = $0.insert(service.app) }
             Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "ok")]).increment()
         } catch {
             lastPolls.withLock { $0[service.app] = false }

@@ -247,6 +247,8 @@ final class ConsumerCore: @unchecked Sendable {
     private let lock = NSCondition()
     private var tracker = OffsetTracker()
     private var buffer: [[KafkaRecord]] = []
+    /// The bytes of each chunk of `buffer` (values and keys), counted once by the poll loop.
+    private var bufferChunkBytes: [Int] = []
     private var bufferHead = 0
     private var bufferedCount = 0
     /// Values and keys of the buffered records, in bytes (see `bufferCapacityBytes`).
@@ -463,13 +465,14 @@ final class ConsumerCore: @unchecked Sendable {
         while bufferHead < buffer.count {
             let chunk = buffer[bufferHead]
             buffer[bufferHead] = []
+            bufferedBytes -= bufferChunkBytes[bufferHead]
             bufferHead += 1
             if bufferHead == buffer.count {
                 buffer.removeAll(keepingCapacity: true)
+                bufferChunkBytes.removeAll(keepingCapacity: true)
                 bufferHead = 0
             }
             bufferedCount -= chunk.count
-            bufferedBytes -= Self.byteCount(of: chunk)
             if pollWaitingForSpace, hasRoomLocked { lock.broadcast() }
             // Records of partitions being revoked, or fetched under an older assignment, are
             // dropped: they were never dispatched, so they will be fetched again. Usually none is,
@@ -612,7 +615,7 @@ final class ConsumerCore: @unchecked Sendable {
             }
             if !batch.isEmpty {
                 handle.context.consumed.increment(by: Int64(batch.count))
-                deliver(batch)
+                deliver(batch, bytes: batchBytes)
                 batch = []
                 batch.reserveCapacity(configuration.maxBatchSize)
             }
@@ -635,6 +638,7 @@ final class ConsumerCore: @unchecked Sendable {
         let waiting: UnsafeContinuation<[KafkaRecord]?, Never>? = locked {
             finished = true
             buffer.removeAll()
+            bufferChunkBytes.removeAll()
             bufferHead = 0
             bufferedCount = 0
             bufferedBytes = 0
@@ -668,19 +672,17 @@ final class ConsumerCore: @unchecked Sendable {
         bufferedCount <= configuration.bufferCapacity / 2 && bufferedBytes <= configuration.bufferCapacityBytes / 2
     }
 
-    private static func byteCount(of records: [KafkaRecord]) -> Int {
-        records.reduce(0) { $0 + $1.value.count + ($1.key?.count ?? 0) }
-    }
-
-    private func deliver(_ batch: [KafkaRecord]) {
+    /// Buffers `batch`, whose values and keys are `bytes` long.
+    private func deliver(_ batch: [KafkaRecord], bytes: Int) {
         lock.lock()
         guard !finished else {
             lock.unlock()
             return
         }
         buffer.append(batch)
+        bufferChunkBytes.append(bytes)
         bufferedCount += batch.count
-        bufferedBytes += Self.byteCount(of: batch)
+        bufferedBytes += bytes
         var resumption: (UnsafeContinuation<[KafkaRecord]?, Never>, [KafkaRecord])?
         if let waiting = waiter, let ready = takeBatchLocked() {
             waiter = nil

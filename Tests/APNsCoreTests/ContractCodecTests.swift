@@ -91,6 +91,8 @@ struct ContractCodecTests {
         #expect(TokenEvent(result: result, observedAt: UnixMillis(77))?.reason == "ExpiredToken")
         result.reason = nil
         #expect(TokenEvent(result: result, observedAt: UnixMillis(77))?.reason == "Unregistered")
+        result.reason = ""
+        #expect(TokenEvent(result: result, observedAt: UnixMillis(77))?.reason == "Unregistered", "the schema wants a reason")
         var invalid = sampleResult()
         invalid.outcome = .invalid
         invalid.status = nil

@@ -18,6 +18,13 @@ private func headerRejection(_ headers: [(String, String)], value: [UInt8] = pay
 
 @Suite("Job in headers plus raw payload")
 struct HeaderJobTests {
+    @Test("a meta header nests at most 63 levels of its own: every result carries it one level down, as an envelope's")
+    func metaHeaderDepth() throws {
+        func meta(levels: Int) -> String { String(repeating: #"{"a":"#, count: levels - 1) + "{}" + String(repeating: "}", count: levels - 1) }
+        _ = try headerJob([("apns-token", tokenA), ("meta", meta(levels: 63))])
+        #expect(headerRejection([("apns-token", tokenA), ("meta", meta(levels: 64))])?.hasSuffix("nested deeper than 63 levels") == true)
+    }
+
     @Test("all docs/design.md headers are read, and the record value is the payload as is")
     func allHeaders() throws {
         let job = try headerJob([

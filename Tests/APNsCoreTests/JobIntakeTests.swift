@@ -76,6 +76,20 @@ struct JobIntakeTests {
         #expect(badPayload.results.first?.reason == "tokens[1]: device token is not hex: character 1 is 'z'")
     }
 
+    @Test("an unusable header-encoded job keeps its job-id header; a null token or tokens adds no result")
+    func unusableHeaderJobAndNulls() {
+        guard case .rejected(let header) = accept("{}", headers: [RecordHeader("apns-token", "zz"), RecordHeader("job-id", "order-9")]) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(header.results.map(\.jobID) == ["order-9"])
+        guard case .rejected(let nulls) = accept(#"{"id":"n1","token":null,"tokens":["\#(tokenA)","\#(tokenA)"],"payload":[]}"#) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(nulls.results.map(\.token) == [tokenA], "null is absent, a repeat is one token")
+    }
+
     @Test("a syntax error deep in the payload costs no device its result and keeps the producer's id")
     func syntaxErrorAfterTokens() {
         // A Latin-1 byte in the payload: the record is not JSON, but what came before stands.

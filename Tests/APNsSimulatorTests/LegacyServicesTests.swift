@@ -100,7 +100,12 @@ struct LegacyServicesTests {
         let port = try #require(services.port(.gatewayPlain))
         // Silent connections, which the gateway keeps open; one is closed by stop().
         async let closedAfter = RawClient.silence(port: port, limit: .seconds(20))
-        try await Task.sleep(for: .milliseconds(300))
+        // Accepted by the gateway first (it counts it), so that stop() has an open one to close.
+        let deadline = ContinuousClock.now + .seconds(20)
+        while services.counts.gatewayConnections == 0, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(services.counts.gatewayConnections == 1)
         let stopping = ContinuousClock.now
         await services.stop()
         let closed = try await closedAfter

@@ -10,6 +10,8 @@ public struct JobContext: Sendable, Hashable {
     public var tokens: [String] = []
     /// Whether `token` or `tokens` held something that is not a device token.
     public var hasUnreadableToken = false
+    /// `tokens`, for repeats: a list may run to 100,000 entries.
+    private var seenTokens: Set<String> = []
 
     public init(app: String? = nil, topic: String? = nil, meta: RawJSON? = nil) {
         self.app = app
@@ -18,11 +20,13 @@ public struct JobContext: Sendable, Hashable {
     }
 
     mutating func addToken(_ value: JSONValue) {
+        // `null` counts as absent, as it does for the decoder.
+        if case .null = value { return }
         guard let text = value.string, let token = try? DeviceToken(hex: text) else {
             hasUnreadableToken = true
             return
         }
-        if !tokens.contains(token.hex) { tokens.append(token.hex) }
+        if seenTokens.insert(token.hex).inserted { tokens.append(token.hex) }
     }
 }
 
@@ -332,7 +336,8 @@ public struct JobDecoder: Sendable {
                 throw JobRejection(field: "meta header", "meta is \(bytes.count) bytes; at most \(JobRules.maximumMetaBytes) are allowed")
             }
             do {
-                try JSONParser.validateObject(bytes, range: 0..<bytes.count, maxDepth: limits.maximumDepth)
+                // One level less: every result carries it one level down, as an envelope's is.
+                try JSONParser.validateObject(bytes, range: 0..<bytes.count, maxDepth: limits.maximumDepth - 1)
             } catch {
                 throw JobRejection(field: "meta header", "meta must be a JSON object: \(error.description)")
             }
@@ -351,8 +356,9 @@ public struct JobDecoder: Sendable {
     public func bestEffortContext(value: [UInt8], headers: [RecordHeader]) -> JobContext {
         var context = JobContext()
         func meta(_ bytes: [UInt8], _ range: Range<Int>) -> RawJSON? {
+            // As deep as a result can carry it (one level down).
             guard range.count <= JobRules.maximumMetaBytes,
-                (try? JSONParser.validateObject(bytes, range: range, maxDepth: limits.maximumDepth)) != nil
+                (try? JSONParser.validateObject(bytes, range: range, maxDepth: limits.maximumDepth - 1)) != nil
             else { return nil }
             return RawJSON(bytes: bytes[range])
         }
@@ -369,6 +375,8 @@ public struct JobDecoder: Sendable {
                 case .meta:
                     let bytes = Array(text.utf8)
                     context.meta = context.meta ?? meta(bytes, 0..<bytes.count)
+                // The header encoding's own id (on a retry record, the same one).
+                case .jobID: context.id = context.id ?? (try? JobRules.identifier(text, field: "job-id"))
                 default: break
                 }
             }
@@ -395,10 +403,10 @@ public struct JobDecoder: Sendable {
                 case "token":
                     context.addToken(try parser.parseValue())
                 case "tokens":
-                    if case .array(let list) = try parser.parseValue() {
-                        for value in list.prefix(100_000) { context.addToken(value) }
-                    } else {
-                        context.hasUnreadableToken = true
+                    switch try parser.parseValue() {
+                    case .array(let list): for value in list.prefix(100_000) { context.addToken(value) }
+                    case .null: break
+                    default: context.hasUnreadableToken = true
                     }
                 default:
                     _ = try parser.skipValueReturningRange()

@@ -56,7 +56,9 @@ public struct TokenEvent: Sendable, Hashable {
     /// not a device token, whose topic is empty, or whose time is before 1970 (another
     /// producer's, say) implies none: its event would break the topic's key and schema.
     public init?(result: NotificationResult, observedAt: UnixMillis) {
-        guard Self.invalidates(result), let reason = result.reason ?? (result.status == 410 ? APNsReason.unregistered.rawValue : nil),
+        // A 410 without a reason (or with an empty one) is APNs's Unregistered.
+        let stated = result.reason.flatMap { $0.isEmpty ? nil : $0 }
+        guard Self.invalidates(result), let reason = stated ?? (result.status == 410 ? APNsReason.unregistered.rawValue : nil),
             let topic = result.topic, !topic.isEmpty,
             let token = try? DeviceToken(hex: result.token), observedAt.value >= 0
         else { return nil }
