@@ -450,7 +450,7 @@ struct FleetConfigurationDecoder {
             values = try lookup(key, { try reader.requiredStringArray(forKey: $0) }) ?? []
         } catch {
             // A single value where a list belongs (`apps: example`) is the usual cause.
-            let type = ConfigurationKeys.all.first { $0.name == key }?.type ?? "list"
+            let type = UnknownKeys.catalogueType(of: key) ?? "list"
             throw ConfigurationError(key: key, "must be a \(type): [a, b] in YAML or JSON, a, b (comma-separated) in a variable or --set")
         }
         return values.map(\.trimmingSpaces).filter { !$0.isEmpty }

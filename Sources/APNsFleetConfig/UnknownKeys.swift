@@ -103,7 +103,7 @@ enum UnknownKeys {
         }
     }
 
-    private static func catalogueType(of key: String) -> String? {
+    static func catalogueType(of key: String) -> String? {
         if let type = typesByName[key] { return type }
         guard let (app, suffix) = appKey(key), !app.isEmpty else { return nil }
         return typesByName[appPrefix + suffix]

@@ -66,8 +66,7 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
 
     public func channelInactive(context: ChannelHandlerContext) {
         closed = true
-        closeDeadline?.cancel()
-        closeDeadline = nil
+        cancelCloseDeadline()
         session.delegate?.http2SessionDidClose(session)
         context.fireChannelInactive()
     }
@@ -162,6 +161,12 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     /// Writes `buffer`, then closes once the socket has taken it: a close drops writes still
     /// pending in the channel, which over cleartext HTTP/2 (no TLS close to wait on) would lose
     /// the GOAWAY and answers that ended the session.
+    /// Cancelled on every close, or the handler and its session would live on for its 5 s.
+    private func cancelCloseDeadline() {
+        closeDeadline?.cancel()
+        closeDeadline = nil
+    }
+
     private func writeThenClose(_ buffer: ByteBuffer, context: ChannelHandlerContext) {
         guard buffer.readableBytes > 0 else { return closeConnection() }
         // Nothing more is written meanwhile: a later flush must not close before this write.
@@ -185,9 +190,7 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     }
 
     func closeConnection() {
-        // Cancelled here, or the handler and its session would live on for its 5 s.
-        closeDeadline?.cancel()
-        closeDeadline = nil
+        cancelCloseDeadline()
         guard !closed, let context else { return }
         closed = true
         context.close(promise: nil)

@@ -66,9 +66,9 @@ public final class FeedbackWorker: Service, Sendable {
     /// consumer, and a poll started meanwhile would read tuples (which the service then forgets)
     /// that might never be published.
     private let stopRequested: @Sendable () -> Bool
-    private let lastPolls = Mutex<[String: Bool]>([:])
-    /// Apps whose feedback service has answered a poll at least once.
-    private let everPolled = Mutex<Set<String>>([])
+    /// Per app: whether the last poll of its feedback service succeeded, and the apps whose
+    /// service has answered at least once.
+    private let polls = Mutex<(last: [String: Bool], answered: Set<String>)>(([:], []))
 
     private let resultsRead = Counter(label: "apns.feedback.results")
     private let undecodable = Counter(label: "apns.feedback.results.undecodable")
@@ -95,7 +95,7 @@ public final class FeedbackWorker: Service, Sendable {
     public var publishStalls: PublishStalls { publisher.stalls }
 
     /// Whether the last poll of each feedback service succeeded (app → success), for readiness.
-    public var feedbackServiceHealth: [String: Bool] { lastPolls.withLock { $0 } }
+    public var feedbackServiceHealth: [String: Bool] { polls.withLock { $0.last } }
 
     /// `/readyz`: partitions assigned, Kafka taking the events, and no legacy feedback service
     /// that has failed every poll so far: a certificate the service refuses shows here, so a
@@ -105,8 +105,8 @@ public final class FeedbackWorker: Service, Sendable {
     public func readiness(assignedPartitions: Int) -> AdminServer.Readiness {
         if assignedPartitions == 0 { return .init(ready: false, detail: "no partitions assigned") }
         if let problem = publishStalls.problem() { return .init(ready: false, detail: problem) }
-        let answered = everPolled.withLock { $0 }
-        let failing = feedbackServiceHealth.filter { !$0.value && !answered.contains($0.key) }.map(\.key).sorted()
+        // Polled, and never answered: its last poll failed too.
+        let failing = polls.withLock { polls in polls.last.keys.filter { !polls.answered.contains($0) } }.sorted()
         if !failing.isEmpty {
             return .init(ready: false, detail: "every poll of the legacy feedback service has failed so far for \(failing.joined(separator: ", ")) (see the log)")
         }
@@ -257,11 +257,13 @@ public final class FeedbackWorker: Service, Sendable {
                     unpublished += events.count
                 }
             }
-            lastPolls.withLock { $0[service.app] = true }
-            everPolled.withLock { _ = $0.insert(service.app) }
+            polls.withLock { polls in
+                polls.last[service.app] = true
+                polls.answered.insert(service.app)
+            }
             Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "ok")]).increment()
         } catch {
-            lastPolls.withLock { $0[service.app] = false }
+            polls.withLock { $0.last[service.app] = false }
             Counter(label: "apns.feedback.polls", dimensions: [("app", service.app), ("outcome", "error")]).increment()
             if Task.isCancelled {
                 // A forced stop: there is no next interval; what was read is reported below.

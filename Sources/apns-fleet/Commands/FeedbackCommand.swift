@@ -33,8 +33,7 @@ struct FeedbackCommand: AsyncParsableCommand {
         let process = try await FleetProcess(label: "apns-fleet.feedback", options: options, idPrefix: "feedback")
         let fleet = process.fleet
         let logger = process.logger
-        try fleet.kafka.checkReadableFiles()
-        let kafka = KafkaClientConfiguration(settings: fleet.kafka, clientID: process.processID)
+        let kafka = try KafkaClientConfiguration.checked(fleet.kafka, clientID: process.processID)
         var consumerConfiguration = KafkaConsumerConfiguration(client: kafka, groupID: fleet.kafka.feedbackGroupID, topics: [fleet.topics.results])
         consumerConfiguration.drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
         let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger)

@@ -133,8 +133,7 @@ struct PublishCommand: AsyncParsableCommand {
         // The input is read and checked before Kafka is involved: a bad line or a missing file is
         // reported at once, not after a producer started (and possibly waited on the brokers).
         let messages = generate == nil ? try records(topic: topic) : []
-        try fleet.kafka.checkReadableFiles()
-        var client = KafkaClientConfiguration(settings: fleet.kafka, clientID: "apns-fleet-publish")
+        var client = try KafkaClientConfiguration.checked(fleet.kafka, clientID: "apns-fleet-publish")
         client.statisticsInterval = nil
         var producerConfiguration = KafkaProducerConfiguration(client: client)
         // Someone is waiting at a terminal: say within a minute that Kafka does not take the

@@ -42,8 +42,7 @@ struct WorkerCommand: AsyncParsableCommand {
         let clients = try APNsClients(apps: fleet.apps, logger: logger)
         let requestTimeout = Duration.milliseconds(Int64(fleet.worker.requestTimeoutSeconds * 1000))
         let legacy = try LegacyBinarySender(apps: fleet.apps, requestTimeout: requestTimeout, logger: logger)
-        try fleet.kafka.checkReadableFiles()
-        let kafka = KafkaClientConfiguration(settings: fleet.kafka, clientID: workerID)
+        let kafka = try KafkaClientConfiguration.checked(fleet.kafka, clientID: workerID)
         var consumerConfiguration = KafkaConsumerConfiguration(client: kafka, groupID: fleet.kafka.groupID, topics: [fleet.topics.jobs, fleet.topics.retry])
         consumerConfiguration.drainTimeout = .milliseconds(Int64(fleet.worker.drainTimeoutSeconds * 1000))
         // Revocations reach the worker, built below: retry records waiting for their not-before
