@@ -104,8 +104,19 @@ struct FleetConfigurationDecoder {
         configuration.admin = AdminSettings(
             host: try name("admin.host", default: "127.0.0.1"),
             // 0 takes a free port, logged at start: for tests and several workers on one host.
-            port: try int("admin.port", default: 9464, range: 0...65535)
+            port: try int("admin.port", default: 9464, range: 0...65535),
+            livenessStallSeconds: try double("admin.liveness-stall-seconds", default: 300, range: 0...86_400)
         )
+        // A stall is reported after a minute at the earliest (and the polling thread may sit in a
+        // revocation's drain that long): a shorter limit would restart workers that are fine.
+        let liveness = configuration.admin.livenessStallSeconds
+        let shortest = max(60, configuration.worker.drainTimeoutSeconds + 30)
+        if liveness > 0, liveness < shortest {
+            throw ConfigurationError(
+                key: "admin.liveness-stall-seconds",
+                "is \(liveness) s; it must be 0 (never) or at least \(Int(shortest.rounded(.up))) s (60, and 30 above worker.drain-timeout-seconds): a shorter limit would restart workers that are only draining a revocation"
+            )
+        }
         configuration.feedback = FeedbackSettings(
             pollIntervalSeconds: try double("feedback.poll-interval-seconds", default: 3600, range: 1...604_800),
             ledgerCapacity: try int("feedback.ledger-capacity", default: 1_000_000, range: 1_000...100_000_000)

@@ -6,7 +6,8 @@ import ServiceLifecycle
 import Synchronization
 
 /// The worker's admin endpoint: `GET /metrics` (Prometheus text), `/healthz` (the process is
-/// alive) and `/readyz` (partitions assigned and every app has a usable APNs connection).
+/// alive: its Kafka pipeline, if watched, is not stuck) and `/readyz` (partitions assigned and
+/// every app has a usable APNs connection, the pipeline moving).
 /// It binds to `admin.host`, 127.0.0.1 by default, so metrics stay on the host unless asked.
 public final class AdminServer: Service, Sendable {
     public struct Readiness: Sendable {
@@ -24,6 +25,7 @@ public final class AdminServer: Service, Sendable {
     private let port: Int
     private let metrics: @Sendable () -> [UInt8]
     private let readiness: @Sendable () -> Readiness
+    private let pipeline: PipelineWatch?
     private let logger: Logger
     private let boundPort = Mutex<Int?>(nil)
 
@@ -32,9 +34,11 @@ public final class AdminServer: Service, Sendable {
         port: Int,
         logger: Logger,
         metrics: @escaping @Sendable () -> [UInt8],
-        readiness: @escaping @Sendable () -> Readiness
+        readiness: @escaping @Sendable () -> Readiness,
+        pipeline: PipelineWatch? = nil
     ) {
         self.host = host
+        self.pipeline = pipeline
         self.port = port
         self.logger = logger
         self.metrics = metrics
@@ -49,7 +53,7 @@ public final class AdminServer: Service, Sendable {
         let readiness = self.readiness
         let channel: any Channel
         do {
-            channel = try await bind(metrics: metrics, readiness: readiness)
+            channel = try await bind(metrics: metrics, readiness: readiness, pipeline: pipeline)
         } catch {
             throw AdminServerError(host: host, port: port, underlying: "\(error)")
         }
@@ -59,13 +63,17 @@ public final class AdminServer: Service, Sendable {
         try await channel.close()
     }
 
-    private func bind(metrics: @escaping @Sendable () -> [UInt8], readiness: @escaping @Sendable () -> Readiness) async throws -> any Channel {
+    private func bind(
+        metrics: @escaping @Sendable () -> [UInt8],
+        readiness: @escaping @Sendable () -> Readiness,
+        pipeline: PipelineWatch?
+    ) async throws -> any Channel {
         try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(AdminHandler(metrics: metrics, readiness: readiness))
+                    try channel.pipeline.syncOperations.addHandler(AdminHandler(metrics: metrics, readiness: readiness, pipeline: pipeline))
                 }
             }
             .bind(host: host, port: port)
@@ -90,11 +98,13 @@ final class AdminHandler: ChannelInboundHandler {
 
     private let metrics: @Sendable () -> [UInt8]
     private let readiness: @Sendable () -> AdminServer.Readiness
+    private let pipeline: PipelineWatch?
     private var head: HTTPRequestHead?
 
-    init(metrics: @escaping @Sendable () -> [UInt8], readiness: @escaping @Sendable () -> AdminServer.Readiness) {
+    init(metrics: @escaping @Sendable () -> [UInt8], readiness: @escaping @Sendable () -> AdminServer.Readiness, pipeline: PipelineWatch?) {
         self.metrics = metrics
         self.readiness = readiness
+        self.pipeline = pipeline
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -126,9 +136,13 @@ final class AdminHandler: ChannelInboundHandler {
         case "/metrics":
             return (.ok, "text/plain; version=0.0.4", metrics())
         case "/healthz":
+            if let problem = pipeline?.livenessProblem() {
+                return (.serviceUnavailable, "text/plain", Array("unhealthy: \(problem)\n".utf8))
+            }
             return (.ok, "text/plain", Array("ok\n".utf8))
         case "/readyz":
-            let state = readiness()
+            var state = readiness()
+            if state.ready, let problem = pipeline?.readinessProblem() { state = .init(ready: false, detail: problem) }
             return (state.ready ? .ok : .serviceUnavailable, "text/plain", Array("\(state.ready ? "ready" : "not ready"): \(state.detail)\n".utf8))
         default:
             return (.notFound, "text/plain", Array("not found; try /metrics, /healthz or /readyz\n".utf8))

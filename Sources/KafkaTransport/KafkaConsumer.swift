@@ -142,6 +142,11 @@ public final class KafkaConsumer: Service, Sendable {
     /// Ends one ``park()``.
     public func unpark() { core.parked.subtract(1, ordering: .relaxed) }
 
+    /// The pipeline's stall, if it has one now: records waiting, none taken or finished for
+    /// `stallWarning` or longer; or the polling thread not back from librdkafka for as long.
+    /// Nil while the pipeline moves, and while the consumer is not running.
+    public func stall(now: ContinuousClock.Instant = .now) -> KafkaConsumerStall? { core.stall(now: now) }
+
     /// Records the drain at close gave up unfinished because it ran out of time: the group
     /// redoes them. A stopping worker reports it. (A rebalance's drain that ran out of time
     /// earlier was logged then; its records do not count here, or a clean stop hours later
@@ -201,6 +206,28 @@ public final class KafkaConsumer: Service, Sendable {
             core.finishRevocationRequests()
         }
         if let error = failure.withLock({ $0 }) { throw error }
+    }
+}
+
+/// A consumer pipeline that stopped moving (``KafkaConsumer/stall(now:)``), for health probes.
+public struct KafkaConsumerStall: Sendable, CustomStringConvertible {
+    public enum Cause: Sendable, Hashable {
+        /// Records are waiting (buffered, or handed out and not finished), and none was taken or
+        /// finished.
+        case noProgress
+        /// The polling thread has not come back from librdkafka.
+        case pollingThreadStuck
+    }
+
+    public var cause: Cause
+    public var duration: Duration
+
+    public var description: String {
+        let seconds = duration.components.seconds
+        switch cause {
+        case .noProgress: return "consumer pipeline stalled for \(seconds) s: records are waiting, none taken or finished"
+        case .pollingThreadStuck: return "the Kafka polling thread has not come back from librdkafka for \(seconds) s"
+        }
     }
 }
 
@@ -309,6 +336,9 @@ final class ConsumerCore: @unchecked Sendable {
     /// Made at start, so that the series exists at 0: Prometheus's `increase()` cannot see the
     /// first stall of a series that appears already counting it.
     private let stalls: Counter
+    /// Written by the polling thread's housekeeping, read by probes (``stall(now:)``): when it
+    /// last turned (nil while not running), and since when the pipeline has been stalled.
+    private let watch = Mutex<(lastTurn: ContinuousClock.Instant?, stalledSince: ContinuousClock.Instant?)>((nil, nil))
 
     init(configuration: KafkaConsumerConfiguration, logger: Logger, hasRevocationHandler: Bool, onLoss: KafkaConsumer.LossHandler?) {
         self.configuration = configuration
@@ -564,8 +594,10 @@ final class ConsumerCore: @unchecked Sendable {
         batch.reserveCapacity(configuration.maxBatchSize)
         var nextHousekeeping = ContinuousClock.now
         var nextPausedQuery = ContinuousClock.now
-        var stallReported = false
         var lastProgress = (count: UInt64(0), at: ContinuousClock.now)
+        watch.withLock { $0 = (lastProgress.at, nil) }
+        // A probe must not see the stopped loop's last turn as a polling thread gone quiet.
+        defer { watch.withLock { $0 = (nil, nil) } }
 
         while true {
             // A fatal error makes the client unusable: close (what finished is still stored) and
@@ -629,7 +661,8 @@ final class ConsumerCore: @unchecked Sendable {
                 }
                 publishLag(rk)
                 reportOffsetsGoneBack()
-                stallReported = checkStall(now: now, last: &lastProgress, alreadyReported: stallReported)
+                let stalledSince = checkStall(now: now, last: &lastProgress)
+                watch.withLock { $0 = (now, stalledSince) }
             }
         }
 
@@ -889,19 +922,17 @@ final class ConsumerCore: @unchecked Sendable {
     }
 
     /// librdkafka 2.0.2 resets max.poll.interval.ms on every poll, so it cannot see a worker
-    /// that stopped taking or finishing records: report that here.
-    private func checkStall(
-        now: ContinuousClock.Instant,
-        last: inout (count: UInt64, at: ContinuousClock.Instant),
-        alreadyReported: Bool
-    ) -> Bool {
+    /// that stopped taking or finishing records: report that here (once per stall). Returns since
+    /// when the pipeline has been stalled, once that is `stallWarning` or longer.
+    private func checkStall(now: ContinuousClock.Instant, last: inout (count: UInt64, at: ContinuousClock.Instant)) -> ContinuousClock.Instant? {
         let (busy, count) = locked {
             applyCompletionsLocked()
             return (bufferedCount > 0 || tracker.totalInFlight > parked.load(ordering: .relaxed), progress)
         }
         if count != last.count || !busy { last = (count, now) }
         let since = last.at
-        guard busy, now - since > configuration.stallWarning else { return false }
+        guard busy, now - since > configuration.stallWarning else { return nil }
+        let alreadyReported = watch.withLock { $0.stalledSince } == since
         if !alreadyReported {
             stalls.increment()
             logger.error(
@@ -909,7 +940,19 @@ final class ConsumerCore: @unchecked Sendable {
                 metadata: ["kafka.stalled_for": "\(now - since)"]
             )
         }
-        return true
+        return since
+    }
+
+    func stall(now: ContinuousClock.Instant) -> KafkaConsumerStall? {
+        let (lastTurn, stalledSince) = watch.withLock { $0 }
+        guard let lastTurn else { return nil }
+        // Housekeeping comes about once a second; a revocation's drain holds the thread inside
+        // librdkafka's poll for up to `drainTimeout`.
+        let quiet = now - lastTurn
+        if quiet > max(configuration.stallWarning, configuration.drainTimeout + .seconds(5)) {
+            return KafkaConsumerStall(cause: .pollingThreadStuck, duration: quiet)
+        }
+        return stalledSince.map { KafkaConsumerStall(cause: .noProgress, duration: now - $0) }
     }
 
     // MARK: - Rebalance (polling thread, inside rd_kafka_consumer_poll / _close)

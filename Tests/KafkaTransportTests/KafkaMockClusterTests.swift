@@ -638,9 +638,14 @@ extension KafkaMockClusterTests {
                 // Three stall checks (once a second) past the 1 s warning.
                 try await Task.sleep(for: .seconds(3.5))
                 #expect(stalls() == 0, "a parked record is not a stall")
+                #expect(consumer.stall() == nil)
                 consumer.unpark()
                 try await waitUntil("the held record to be reported as a stall", timeout: 10) { stalls() == 1 }
+                // Probes see it too (the admin server's /readyz and /healthz).
+                let stall = try #require(consumer.stall())
+                #expect(stall.cause == .noProgress && stall.duration > .seconds(1))
                 consumer.markFinished(held.value)
+                try await waitUntil("the stall to end once the record is finished", timeout: 10) { consumer.stall() == nil }
                 consumer.close()
                 try await group.waitForAll()
             }

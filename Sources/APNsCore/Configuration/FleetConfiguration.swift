@@ -384,10 +384,20 @@ public struct AdminSettings: Sendable, Hashable {
     public var host: String
     /// Default: 9464.
     public var port: Int
+    /// `/healthz` fails once the Kafka consumer pipeline has been stalled this long (and Kafka
+    /// itself takes what is published), so that the orchestrator restarts the process and its
+    /// partitions move on. 0: never. Default: 300 s.
+    public var livenessStallSeconds: Double
 
-    public init(host: String = "127.0.0.1", port: Int = 9464) {
+    public init(host: String = "127.0.0.1", port: Int = 9464, livenessStallSeconds: Double = 300) {
         self.host = host
         self.port = port
+        self.livenessStallSeconds = livenessStallSeconds
+    }
+
+    /// How long a stall lasts before `/healthz` fails; nil: never.
+    public var unhealthyAfterStall: Duration? {
+        livenessStallSeconds > 0 ? .milliseconds(Int64(livenessStallSeconds * 1000)) : nil
     }
 }
 

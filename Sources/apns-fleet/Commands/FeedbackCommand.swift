@@ -56,7 +56,8 @@ struct FeedbackCommand: AsyncParsableCommand {
         let admin = AdminServer(
             host: fleet.admin.host, port: fleet.admin.port, logger: logger,
             metrics: { registry.emitToBuffer() },
-            readiness: { worker.readiness(assignedPartitions: consumer.assignment.count) }
+            readiness: { worker.readiness(assignedPartitions: consumer.assignment.count) },
+            pipeline: PipelineWatch(consumer: consumer, publishStalls: worker.publishStalls, unhealthyAfter: fleet.admin.unhealthyAfterStall)
         )
         logger.info("feedback worker starting", metadata: [
             "worker.id": "\(process.processID)", "kafka.group": "\(fleet.kafka.feedbackGroupID)",

@@ -79,7 +79,8 @@ struct WorkerCommand: AsyncParsableCommand {
                 if !rejected.isEmpty { return .init(ready: false, detail: rejected.joined(separator: "; ")) }
                 if let problem = worker.publishStalls.problem() { return .init(ready: false, detail: problem) }
                 return .init(ready: true, detail: "\(consumer.assignment.count) partitions, \(clients.pools.count) APNs pools")
-            }
+            },
+            pipeline: PipelineWatch(consumer: consumer, publishStalls: worker.publishStalls, unhealthyAfter: fleet.admin.unhealthyAfterStall)
         )
         logger.info("worker starting", metadata: [
             "worker.id": "\(workerID)", "kafka.group": "\(fleet.kafka.groupID)",

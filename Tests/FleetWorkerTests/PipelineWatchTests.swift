@@ -1,0 +1,79 @@
+import APNsCore
+import FleetTestSupport
+import Foundation
+import KafkaTransport
+import Logging
+import Testing
+
+@testable import FleetWorker
+
+@Suite("Admin probes watch the Kafka pipeline")
+struct PipelineWatchTests {
+    @Test("a stalled pipeline fails /readyz at once and /healthz after the liveness limit, but not while publishing to Kafka fails")
+    func stallFailsProbes() async throws {
+        let (cluster, client, producer, publisher) = try ReliablePublisherTests.publisher(topic: "results", logLevel: .critical)
+        try cluster.createTopic("jobs", partitions: 1)
+        try await producer.send(KafkaOutgoingMessage(topic: "jobs", value: Array("job".utf8)))
+        var logger = Logger(label: "pipeline-watch-test")
+        logger.logLevel = .critical
+        var configuration = KafkaConsumerConfiguration(client: client, groupID: "watch", topics: ["jobs"])
+        configuration.sessionTimeout = .milliseconds(6000)
+        configuration.pollTimeout = .milliseconds(50)
+        configuration.stallWarning = .seconds(1)
+        let consumer = try KafkaConsumer(configuration: configuration, logger: logger)
+        let admin = AdminServer(
+            host: "127.0.0.1", port: 0, logger: logger,
+            metrics: { [] },
+            readiness: { .init(ready: true, detail: "fine") },
+            pipeline: PipelineWatch(consumer: consumer, publishStalls: publisher.stalls, unhealthyAfter: .seconds(6))
+        )
+        let held = Shared<[KafkaRecord]>([])
+        try await withTimeout(90, "the stalled pipeline") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await admin.run() }
+                group.addTask { try await consumer.run() }
+                group.addTask { for await batch in consumer.batches { held.update { $0 += batch } } }
+                try await waitUntil("the admin port") { admin.localPort != nil }
+                let port = try #require(admin.localPort)
+                try await waitUntil("the record to be taken") { held.value.count == 1 }
+                #expect(try httpGet(port: port, path: "/healthz").status == 200)
+
+                // Held unfinished: a stall, reported after a second.
+                try await waitUntil("/readyz to report the stall", timeout: 10) {
+                    (try? httpGet(port: port, path: "/readyz"))?.status == 503
+                }
+                let notReady = try httpGet(port: port, path: "/readyz").body
+                #expect(notReady.hasPrefix("not ready: consumer pipeline stalled for "), "\(notReady)")
+                #expect(try httpGet(port: port, path: "/healthz").status == 200, "not yet at the liveness limit")
+                try await waitUntil("/healthz to fail", timeout: 15) {
+                    (try? httpGet(port: port, path: "/healthz"))?.status == 503
+                }
+                let unhealthy = try httpGet(port: port, path: "/healthz").body
+                #expect(unhealthy.hasPrefix("unhealthy: consumer pipeline stalled for "), "\(unhealthy)")
+
+                // Publishing to Kafka fails as well: Kafka is what is wrong, and a restart would
+                // not help.
+                let denied = try #require(KafkaErrorCodes.code(named: "TOPIC_AUTHORIZATION_FAILED"))
+                cluster.pushRequestErrors(api: .produce, errors: Array(repeating: denied, count: 50))
+                let publishing = Task { await publisher.publish([KafkaOutgoingMessage(topic: "results", value: Array("{}".utf8))]) }
+                try await waitUntil("the failing publish", timeout: 20) { publisher.stalls.problem(longerThan: .zero) != nil }
+                #expect(try httpGet(port: port, path: "/healthz").status == 200)
+                #expect(try httpGet(port: port, path: "/readyz").status == 503)
+                publishing.cancel()
+                _ = await publishing.value
+                cluster.clearRequestErrors(api: .produce)
+                #expect(try httpGet(port: port, path: "/healthz").status == 503)
+
+                // Finished: the pipeline moves again.
+                consumer.markFinished(held.value)
+                try await waitUntil("both probes to pass", timeout: 10) {
+                    (try? httpGet(port: port, path: "/readyz"))?.status == 200 && (try? httpGet(port: port, path: "/healthz"))?.status == 200
+                }
+                consumer.close()
+                group.cancelAll()
+                while let _ = try? await group.next() {}
+            }
+        }
+        await producer.shutdown(flushTimeout: .seconds(2))
+    }
+}
