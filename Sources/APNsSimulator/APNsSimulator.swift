@@ -177,6 +177,8 @@ public final class APNsSimulator: Sendable {
     /// for up to `gracePeriod`, then closes what is left.
     public func stop(gracePeriod: Duration = .seconds(2)) async {
         for channel in serverChannels { try? await channel.close() }
+        // Connections accepted before the listeners closed may finish their TLS handshake later.
+        context.registry.refuseNew()
         await legacy?.stop()
         goAway(reason: APNsReason.shutdown.rawValue)
         let deadline = ContinuousClock.now + gracePeriod
@@ -240,6 +242,9 @@ public final class APNsSimulator: Sendable {
         let session = try HTTP2Session(role: .server, delegate: connection)
         connection.session = session
         let handler = HTTP2ChannelHandler(session: session, initialSettings: connection.initialSettings)
+        // A client that connects and says nothing (a port scanner, a stuck client) would hold
+        // the socket for good: real clients send the preface at once.
+        try channel.pipeline.syncOperations.addHandler(ConnectionPrefaceDeadline())
         // A client's protocol error ends its connection; say why, for whoever is debugging it.
         handler.onError = { [logger = context.logger, id = connection.id] error in
             logger.notice("HTTP/2 session with a client failed; connection closed", metadata: ["simulator.connection": "\(id)", "error": "\(error)"])

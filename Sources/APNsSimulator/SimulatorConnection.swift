@@ -47,11 +47,21 @@ final class ConnectionRegistry: Sendable {
         let closeNotify: @Sendable () -> Void
     }
 
-    private let handles = Mutex<[UInt64: Handle]>([:])
+    private let state = Mutex<(handles: [UInt64: Handle], refusing: Bool)>(([:], false))
 
-    func add(_ id: UInt64, _ handle: Handle) { handles.withLock { $0[id] = handle } }
-    func remove(_ id: UInt64) { handles.withLock { _ = $0.removeValue(forKey: id) } }
-    var all: [Handle] { handles.withLock { Array($0.values) } }
+    /// False once ``refuseNew()`` was called: the simulator is stopping, and the connection (its
+    /// TLS handshake done only now) must close rather than outlive the stop.
+    func add(_ id: UInt64, _ handle: Handle) -> Bool {
+        state.withLock { state in
+            guard !state.refusing else { return false }
+            state.handles[id] = handle
+            return true
+        }
+    }
+
+    func remove(_ id: UInt64) { state.withLock { _ = $0.handles.removeValue(forKey: id) } }
+    var all: [Handle] { state.withLock { Array($0.handles.values) } }
+    func refuseNew() { state.withLock { $0.refusing = true } }
 }
 
 /// How a connection authenticates its requests.
@@ -188,12 +198,16 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         let loopBound = NIOLoopBound(self, eventLoop: channel.eventLoop)
         let eventLoop = channel.eventLoop
         let channel = self.channel
-        context.registry.add(id, ConnectionRegistry.Handle(
+        let registered = context.registry.add(id, ConnectionRegistry.Handle(
             channel: channel,
             goAway: { reason in eventLoop.execute { loopBound.value.goAway(reason: reason) } },
             reset: { eventLoop.execute { Self.reset(channel) } },
             closeNotify: { channel.close(promise: nil) }
         ))
+        guard registered else {
+            channel.close(promise: nil)
+            return
+        }
         scheduleIdleCheck()
     }
 

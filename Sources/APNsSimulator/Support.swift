@@ -105,3 +105,35 @@ final class TLSHandshakeDeadline: ChannelInboundHandler, RemovableChannelHandler
         context.fireUserInboundEventTriggered(event)
     }
 }
+
+/// Closes an HTTP/2 connection whose client has not sent the 24-byte connection preface in
+/// time (``TLSHandshakeDeadline/timeout``), for the reason the handshake deadline exists: a
+/// client that connects, or completes TLS, and then says nothing. Placed right before the
+/// HTTP/2 handler; gone once the preface's bytes are in.
+final class ConnectionPrefaceDeadline: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+
+    private static let prefaceLength = 24
+    private var received = 0
+    private var deadline: Scheduled<Void>?
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let channel = context.channel
+        deadline = context.eventLoop.scheduleTask(in: TLSHandshakeDeadline.timeout) { channel.close(promise: nil) }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        received += unwrapInboundIn(data).readableBytes
+        context.fireChannelRead(data)
+        if received >= Self.prefaceLength, deadline != nil {
+            deadline?.cancel()
+            deadline = nil
+            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
+        }
+    }
+}

@@ -58,15 +58,22 @@ private enum RawClient {
         return collector.received.withLock { $0 }
     }
 
-    /// Connects over plain TCP and says nothing; how long until the server closes, or nil if it
-    /// has not after `limit`.
-    static func silence(port: Int, limit: TimeAmount) async throws -> Duration? {
+    /// Connects over plain TCP (or completes a TLS handshake with `tls`) and says nothing; how
+    /// long until the server closes, or nil if it has not after `limit`.
+    static func silence(port: Int, limit: TimeAmount, tls: NIOSSLContext? = nil) async throws -> Duration? {
         let group = MultiThreadedEventLoopGroup.singleton
         let closed = group.any().makePromise(of: Void.self)
         let collector = Collector(closed: closed)
         let started = ContinuousClock.now
         let channel = try await ClientBootstrap(group: group)
-            .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(collector) } }
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: tls, serverHostname: "localhost"))
+                    }
+                    try channel.pipeline.syncOperations.addHandler(collector)
+                }
+            }
             .connect(host: "127.0.0.1", port: port).get()
         let gaveUp = Mutex(false)
         let timeout = channel.eventLoop.scheduleTask(in: limit) {
@@ -206,11 +213,15 @@ struct LegacyServicesTests {
         #expect(decoder.next() == FeedbackTuple(timestamp: 1_767_225_600, token: deadToken))
     }
 
-    @Test("a client that connects to a TLS port and never completes the handshake is closed after 10 s", .timeLimit(.minutes(1)))
+    @Test(
+        "a client that connects and never completes the TLS handshake, or never sends the HTTP/2 preface, is closed after 10 s",
+        .timeLimit(.minutes(1))
+    )
     func silentTLSClientsAreClosed() async throws {
         let credentials = try DevCredentials.generate()
         var configuration = APNsSimulatorConfiguration()
         configuration.listeners.http2TLSPort = 0
+        configuration.listeners.http2CleartextPort = 0
         configuration.listeners.legacyGatewayTLSPort = 0
         configuration.listeners.legacyFeedbackTLSPort = 0
         configuration.tls = APNsSimulatorConfiguration.TLS(
@@ -218,18 +229,66 @@ struct LegacyServicesTests {
         )
         configuration.dumpSink = { _ in }
         let simulator = try await APNsSimulator.start(configuration)
-        let ports = [simulator.port(.http2TLS), simulator.port(.legacyGatewayTLS), simulator.port(.legacyFeedbackTLS)].compactMap { $0 }
-        #expect(ports.count == 3)
-        // All three at once: one wait of the deadline.
+        let ports = [simulator.port(.http2TLS), simulator.port(.legacyGatewayTLS), simulator.port(.legacyFeedbackTLS), simulator.port(.http2Cleartext)].compactMap { $0 }
+        #expect(ports.count == 4)
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMBytes(Array(credentials.caCertificatePEM.utf8)))
+        let handshaking = try NIOSSLContext(configuration: tls)
+        let http2TLS = try #require(simulator.port(.http2TLS))
+        // All at once: one wait of the deadline. The last client completes its TLS handshake and
+        // then sends no preface.
         let waits = try await withThrowingTaskGroup(of: Duration?.self) { group in
             for port in ports { group.addTask { try await RawClient.silence(port: port, limit: .seconds(20)) } }
+            group.addTask { try await RawClient.silence(port: http2TLS, limit: .seconds(20), tls: handshaking) }
             return try await group.reduce(into: []) { $0.append($1) }
         }
+        #expect(waits.count == 5)
         await simulator.stop()
         for wait in waits {
             let closedAfter = try #require(wait, "still open after 20 s")
             #expect(closedAfter > .seconds(9) && closedAfter < .seconds(15), "closed after \(closedAfter)")
         }
+    }
+
+    @Test("a TLS connection accepted before stop() whose handshake completes after it is closed, not served", .timeLimit(.minutes(1)))
+    func handshakeAfterStopIsClosed() async throws {
+        let credentials = try DevCredentials.generate()
+        var configuration = APNsSimulatorConfiguration()
+        configuration.listeners.http2TLSPort = 0
+        configuration.tls = APNsSimulatorConfiguration.TLS(certificateChainPEM: credentials.serverCertificatePEM, privateKeyPEM: credentials.serverKeyPEM)
+        configuration.dumpSink = { _ in }
+        let simulator = try await APNsSimulator.start(configuration)
+        let port = try #require(simulator.port(.http2TLS))
+        let group = MultiThreadedEventLoopGroup.singleton
+        let closed = group.any().makePromise(of: Void.self)
+        let collector = RawClient.Collector(closed: closed)
+        // Accepted now; the handshake starts only once the simulator has stopped.
+        let channel = try await ClientBootstrap(group: group)
+            .channelInitializer { channel in channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(collector) } }
+            .connect(host: "127.0.0.1", port: port).get()
+        // Taken from the listen queue by the simulator (closing the listener drops what is still
+        // queued there).
+        try await Task.sleep(for: .milliseconds(300))
+        await simulator.stop()
+        var tls = TLSConfiguration.makeClientConfiguration()
+        tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMBytes(Array(credentials.caCertificatePEM.utf8)))
+        tls.applicationProtocols = ["h2"]
+        let context = try NIOSSLContext(configuration: tls)
+        try await channel.eventLoop.submit {
+            try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: "localhost"), position: .first)
+        }.get()
+        // The connection preface and an empty SETTINGS frame: a client that would be served.
+        let preface = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8) + [0, 0, 0, 4, 0, 0, 0, 0, 0]
+        // Fails when the simulator closed the connection first, as it should.
+        try? await channel.writeAndFlush(channel.allocator.buffer(bytes: preface))
+        let gaveUp = Mutex(false)
+        let timeout = channel.eventLoop.scheduleTask(in: .seconds(5)) {
+            gaveUp.withLock { $0 = true }
+            channel.close(promise: nil)
+        }
+        try await closed.futureResult.get()
+        timeout.cancel()
+        #expect(!gaveUp.withLock { $0 }, "still open 5 s after the stopped simulator completed its handshake")
     }
 
     @Test("the simulator hosts the legacy services beside HTTP/2, sharing its unregistered tokens")
