@@ -101,22 +101,24 @@ struct FleetConfigurationDecoder {
                 "is larger than retry.max-delay-ms (\(configuration.retry.maxDelayMilliseconds)); every delay would be the maximum"
             )
         }
+        // A stall is reported after a minute at the earliest. Records legitimately take as long as
+        // a revocation's drain, or a notification's in-process attempts when APNs does not answer:
+        // a limit below those would restart workers that are fine. The default grows with them.
+        let inProcess = configuration.retry.longestInProcessSeconds(requestTimeoutSeconds: configuration.worker.requestTimeoutSeconds)
+        let shortest = max(60, configuration.worker.drainTimeoutSeconds + 30, inProcess + 60).rounded(.up)
+        let liveness = try double("admin.liveness-stall-seconds", default: max(300, shortest), range: 0...86_400)
+        if liveness > 0, liveness < shortest {
+            throw ConfigurationError(
+                key: "admin.liveness-stall-seconds",
+                "is \(liveness) s; it must be 0 (never) or at least \(Int(shortest)) s: 60, 30 more than worker.drain-timeout-seconds, and 60 more than a notification's in-process attempts can take (retry.in-process-attempts × worker.request-timeout-seconds, plus backoff: \(Int(inProcess.rounded(.up))) s), or workers that are only waiting would be restarted"
+            )
+        }
         configuration.admin = AdminSettings(
             host: try name("admin.host", default: "127.0.0.1"),
             // 0 takes a free port, logged at start: for tests and several workers on one host.
             port: try int("admin.port", default: 9464, range: 0...65535),
-            livenessStallSeconds: try double("admin.liveness-stall-seconds", default: 300, range: 0...86_400)
+            livenessStallSeconds: liveness
         )
-        // A stall is reported after a minute at the earliest (and the polling thread may sit in a
-        // revocation's drain that long): a shorter limit would restart workers that are fine.
-        let liveness = configuration.admin.livenessStallSeconds
-        let shortest = max(60, configuration.worker.drainTimeoutSeconds + 30)
-        if liveness > 0, liveness < shortest {
-            throw ConfigurationError(
-                key: "admin.liveness-stall-seconds",
-                "is \(liveness) s; it must be 0 (never) or at least \(Int(shortest.rounded(.up))) s (60, and 30 above worker.drain-timeout-seconds): a shorter limit would restart workers that are only draining a revocation"
-            )
-        }
         configuration.feedback = FeedbackSettings(
             pollIntervalSeconds: try double("feedback.poll-interval-seconds", default: 3600, range: 1...604_800),
             ledgerCapacity: try int("feedback.ledger-capacity", default: 1_000_000, range: 1_000...100_000_000)

@@ -26,6 +26,10 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
     private let notification: OutgoingNotification
     private var progress: PushWorker.SendProgress
     private var sentAt = NIODeadline.uptimeNanoseconds(0)
+    /// When the answer came, and so (about) when its result went to the producer: a publish that
+    /// fails counts as stalled from then (readiness), not from the retry after librdkafka's
+    /// report, which comes only after message.timeout.ms.
+    private var answeredAt = NIODeadline.uptimeNanoseconds(0)
     /// The job's one outcome message (a result, or the job for the retry topic), kept until Kafka
     /// acknowledged it in case it must be published again. Set before it is handed to the
     /// producer, whose queue orders that before the delivery report reads it.
@@ -54,6 +58,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
 
     func receive(_ outcome: APNsOutcome, tag: Int) {
         let now = NIODeadline.now()
+        answeredAt = now
         if progress.attempts == job.previousAttempts + 1, case .answered(let response) = outcome {
             recordAddedLatency(answeredAt: now, response: response)
         }
@@ -113,10 +118,11 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
             worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
         }
         let messages = replacements ?? [message]
+        let since = answeredAt.uptimeNanoseconds > 0 ? ContinuousClock.now - .nanoseconds((NIODeadline.now() - answeredAt).nanoseconds) : nil
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and
             // is redone after its partition moves (duplicates allowed, losses not).
-            if await self.worker.publish(messages, for: self.record, progress: progress) {
+            if await self.worker.publish(messages, for: self.record, progress: progress, since: since) {
                 self.finish()
             } else {
                 self.abandon()

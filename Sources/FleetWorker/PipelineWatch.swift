@@ -7,17 +7,21 @@ import KafkaTransport
 /// restarts it, and its partitions move to workers that make progress. Holding them would stop
 /// those partitions for good, since librdkafka 2.0.2 cannot see such a member (docs/kafka.md).
 ///
-/// Not while publishing to Kafka keeps failing: then Kafka is what is wrong, every worker
-/// waits alike, and a restart would only send again the notifications whose results wait to be
-/// published.
+/// Not while messages wait in the producer for Kafka's acknowledgement, or a publish has failed
+/// and is being retried: then Kafka is what is wrong (brokers gone, or refusing writes), every
+/// worker waits alike, and a restart would only send again the notifications whose results wait
+/// to be published. librdkafka reports such a failure only after `message.timeout.ms`; the
+/// queue shows it at once.
 public struct PipelineWatch: Sendable {
     private let consumer: KafkaConsumer
+    private let producer: KafkaProducer
     private let publishStalls: PublishStalls
     private let unhealthyAfter: Duration?
 
     /// `unhealthyAfter` nil: a stall never fails the liveness probe.
-    public init(consumer: KafkaConsumer, publishStalls: PublishStalls, unhealthyAfter: Duration?) {
+    public init(consumer: KafkaConsumer, producer: KafkaProducer, publishStalls: PublishStalls, unhealthyAfter: Duration?) {
         self.consumer = consumer
+        self.producer = producer
         self.publishStalls = publishStalls
         self.unhealthyAfter = unhealthyAfter
     }
@@ -30,7 +34,7 @@ public struct PipelineWatch: Sendable {
     /// Why the process should be restarted; nil when it should not.
     func livenessProblem(now: ContinuousClock.Instant = .now) -> String? {
         guard let unhealthyAfter, let stall = consumer.stall(now: now), stall.duration >= unhealthyAfter,
-            publishStalls.problem(longerThan: .zero, now: now) == nil
+            producer.queuedMessages == 0, publishStalls.problem(longerThan: .zero, now: now) == nil
         else { return nil }
         return "\(stall); restarting moves its partitions to other workers"
     }

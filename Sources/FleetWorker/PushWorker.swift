@@ -716,8 +716,11 @@ public final class PushWorker: Service, Sendable {
     /// Publishes `record`'s outcome messages and waits for every acknowledgement; false only
     /// when cancelled first (see ``ReliablePublisher``): the record then stays unfinished and is
     /// redone elsewhere. `progress` holds the attempts of the tokens its retry records name.
-    func publish(_ messages: [KafkaOutgoingMessage], for record: KafkaRecord, progress: [DeviceToken: SendProgress] = [:]) async -> Bool {
-        await publisher.publish(messages) { replaceTooLarge($0, for: record, progress: progress) }
+    func publish(
+        _ messages: [KafkaOutgoingMessage], for record: KafkaRecord, progress: [DeviceToken: SendProgress] = [:],
+        since: ContinuousClock.Instant? = nil
+    ) async -> Bool {
+        await publisher.publish(messages, since: since) { replaceTooLarge($0, for: record, progress: progress) }
     }
 
     /// The attempts so far of the tokens that retry later; empty (no allocation) when none does.

@@ -27,15 +27,19 @@ struct ReliablePublisher: Sendable {
     /// `replaceTooLarge` gives what publishes instead a message Kafka refused as too large and
     /// that stands for the same thing (a retry record as records for fewer tokens each, or as
     /// their `failed` results); nil when the message has no such stand-in.
+    ///
+    /// `since`: when these messages were first handed to the producer, if that was before this
+    /// call (a direct delivery's first send, whose report failed).
     func publish(
         _ messages: [KafkaOutgoingMessage],
+        since: ContinuousClock.Instant? = nil,
         replacingTooLarge replaceTooLarge: (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]? = { _ in nil }
     ) async -> Bool {
         var pending = messages
         var delayMilliseconds = 100
         // A stall counts from the publish's start: with brokers unreachable, the first delivery
         // report fails only after message.timeout.ms.
-        let started = ContinuousClock.now
+        let started = since ?? ContinuousClock.now
         var stall: UInt64?
         defer { if let stall { stalls.end(stall) } }
         while !pending.isEmpty {

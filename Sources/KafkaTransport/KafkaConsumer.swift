@@ -142,9 +142,11 @@ public final class KafkaConsumer: Service, Sendable {
     /// Ends one ``park()``.
     public func unpark() { core.parked.subtract(1, ordering: .relaxed) }
 
-    /// The pipeline's stall, if it has one now: records waiting, none taken or finished for
-    /// `stallWarning` or longer; or the polling thread not back from librdkafka for as long.
-    /// Nil while the pipeline moves, and while the consumer is not running.
+    /// The pipeline's stall, if it has one now: records waiting (buffered, or being worked on
+    /// and not parked) while no offset moved and none was taken for `stallWarning` or longer;
+    /// or the polling thread not back from librdkafka for that long and twice `drainTimeout`
+    /// (a revocation's drain runs inside librdkafka's poll). Nil while the pipeline moves, and
+    /// while the consumer is not running.
     public func stall(now: ContinuousClock.Instant = .now) -> KafkaConsumerStall? { core.stall(now: now) }
 
     /// Records the drain at close gave up unfinished because it ran out of time: the group
@@ -225,7 +227,7 @@ public struct KafkaConsumerStall: Sendable, CustomStringConvertible {
     public var description: String {
         let seconds = duration.components.seconds
         switch cause {
-        case .noProgress: return "consumer pipeline stalled for \(seconds) s: records are waiting, none taken or finished"
+        case .noProgress: return "consumer pipeline stalled for \(seconds) s: records are waiting, and none was taken nor any offset moved"
         case .pollingThreadStuck: return "the Kafka polling thread has not come back from librdkafka for \(seconds) s"
         }
     }
@@ -596,8 +598,6 @@ final class ConsumerCore: @unchecked Sendable {
         var nextPausedQuery = ContinuousClock.now
         var lastProgress = (count: UInt64(0), at: ContinuousClock.now)
         watch.withLock { $0 = (lastProgress.at, nil) }
-        // A probe must not see the stopped loop's last turn as a polling thread gone quiet.
-        defer { watch.withLock { $0 = (nil, nil) } }
 
         while true {
             // A fatal error makes the client unusable: close (what finished is still stored) and
@@ -665,6 +665,9 @@ final class ConsumerCore: @unchecked Sendable {
                 watch.withLock { $0 = (now, stalledSince) }
             }
         }
+        // Stopping: the close's drain below must not look like a stall, nor the loop's last turn
+        // like a polling thread gone quiet.
+        watch.withLock { $0 = (nil, nil) }
 
         // Closing: hand out nothing more; what was buffered was never dispatched and is refetched
         // by whoever owns the partition next.
@@ -927,7 +930,9 @@ final class ConsumerCore: @unchecked Sendable {
     private func checkStall(now: ContinuousClock.Instant, last: inout (count: UInt64, at: ContinuousClock.Instant)) -> ContinuousClock.Instant? {
         let (busy, count) = locked {
             applyCompletionsLocked()
-            return (bufferedCount > 0 || tracker.totalInFlight > parked.load(ordering: .relaxed), progress)
+            // Records finished early wait only for earlier ones of their partition (a parked
+            // retry record, say): not work in progress.
+            return (bufferedCount > 0 || tracker.totalInProgress > parked.load(ordering: .relaxed), progress)
         }
         if count != last.count || !busy { last = (count, now) }
         let since = last.at
@@ -947,10 +952,11 @@ final class ConsumerCore: @unchecked Sendable {
         let (lastTurn, stalledSince) = watch.withLock { $0 }
         guard let lastTurn else { return nil }
         // Housekeeping comes about once a second; a revocation's drain holds the thread inside
-        // librdkafka's poll for up to `drainTimeout`.
+        // librdkafka's poll for up to `drainTimeout` (twice, when one poll serves two).
         let quiet = now - lastTurn
-        if quiet > max(configuration.stallWarning, configuration.drainTimeout + .seconds(5)) {
-            return KafkaConsumerStall(cause: .pollingThreadStuck, duration: quiet)
+        if quiet > max(configuration.stallWarning, configuration.drainTimeout * 2 + .seconds(5)) {
+            // Stalled before the thread went quiet, perhaps: the longer of the two.
+            return KafkaConsumerStall(cause: .pollingThreadStuck, duration: max(quiet, stalledSince.map { now - $0 } ?? .zero))
         }
         return stalledSince.map { KafkaConsumerStall(cause: .noProgress, duration: now - $0) }
     }

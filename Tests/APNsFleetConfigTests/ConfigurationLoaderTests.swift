@@ -153,6 +153,8 @@ struct ConfigurationLoaderTests {
         #expect(configuration.admin.port == 9464 && configuration.admin.host == "127.0.0.1")
         #expect(configuration.admin.unhealthyAfterStall == .seconds(300))
         #expect(try await ConfigurationLoader(environment: ["APNS_FLEET_ADMIN_LIVENESS_STALL_SECONDS": "0"]).load().admin.unhealthyAfterStall == nil)
+        // Unset, the limit grows with what a notification may take in process.
+        #expect(try await ConfigurationLoader(environment: ["APNS_FLEET_WORKER_REQUEST_TIMEOUT_SECONDS": "120"]).load().admin.unhealthyAfterStall == .seconds(421))
 
         // What the file leaves null is not read when a variable or a flag sets it, or when it
         // belongs to an app the deployment does not list.
@@ -196,11 +198,15 @@ struct ConfigurationLoaderTests {
         arguments: [
             (["APNS_FLEET_WORKER_MAX_IN_FLIGHT": "lots"], "configuration key 'worker.max-in-flight': must be an integer, got \"lots\""),
             (["APNS_FLEET_ADMIN_PORT": "70000"], "configuration key 'admin.port': is 70000; it must be between 0 and 65535"),
-            // Shorter than a stall takes to be reported, or than a revocation's drain: restarts for nothing.
+            // Shorter than a stall takes to be reported, than a revocation's drain, or than a
+            // notification's in-process attempts (3 × 10 s plus 0.1 and 0.2 s by default): restarts for nothing.
             (["APNS_FLEET_ADMIN_LIVENESS_STALL_SECONDS": "30"],
-             "configuration key 'admin.liveness-stall-seconds': is 30.0 s; it must be 0 (never) or at least 60 s (60, and 30 above worker.drain-timeout-seconds): a shorter limit would restart workers that are only draining a revocation"),
+             "configuration key 'admin.liveness-stall-seconds': is 30.0 s; it must be 0 (never) or at least 91 s: 60, 30 more than worker.drain-timeout-seconds, and 60 more than a notification's in-process attempts can take (retry.in-process-attempts × worker.request-timeout-seconds, plus backoff: 31 s), or workers that are only waiting would be restarted"),
             (["APNS_FLEET_ADMIN_LIVENESS_STALL_SECONDS": "100", "APNS_FLEET_WORKER_DRAIN_TIMEOUT_SECONDS": "90"],
-             "configuration key 'admin.liveness-stall-seconds': is 100.0 s; it must be 0 (never) or at least 120 s (60, and 30 above worker.drain-timeout-seconds): a shorter limit would restart workers that are only draining a revocation"),
+             "configuration key 'admin.liveness-stall-seconds': is 100.0 s; it must be 0 (never) or at least 120 s: 60, 30 more than worker.drain-timeout-seconds, and 60 more than a notification's in-process attempts can take (retry.in-process-attempts × worker.request-timeout-seconds, plus backoff: 31 s), or workers that are only waiting would be restarted"),
+            // Slow requests: 3 × 120 s.
+            (["APNS_FLEET_ADMIN_LIVENESS_STALL_SECONDS": "300", "APNS_FLEET_WORKER_REQUEST_TIMEOUT_SECONDS": "120"],
+             "configuration key 'admin.liveness-stall-seconds': is 300.0 s; it must be 0 (never) or at least 421 s: 60, 30 more than worker.drain-timeout-seconds, and 60 more than a notification's in-process attempts can take (retry.in-process-attempts × worker.request-timeout-seconds, plus backoff: 361 s), or workers that are only waiting would be restarted"),
             // More than a job record (512 KiB at most) can hold: a limit that could never be reached.
             (["APNS_FLEET_WORKER_MAX_TOKENS_PER_JOB": "10000"], "configuration key 'worker.max-tokens-per-job': is 10000; it must be between 1 and 7500"),
             (["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "tls"], "configuration key 'kafka.security-protocol': is \"tls\"; expected one of plaintext, ssl, sasl_plaintext, sasl_ssl"),

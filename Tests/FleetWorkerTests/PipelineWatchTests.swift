@@ -25,7 +25,7 @@ struct PipelineWatchTests {
             host: "127.0.0.1", port: 0, logger: logger,
             metrics: { [] },
             readiness: { .init(ready: true, detail: "fine") },
-            pipeline: PipelineWatch(consumer: consumer, publishStalls: publisher.stalls, unhealthyAfter: .seconds(6))
+            pipeline: PipelineWatch(consumer: consumer, producer: producer, publishStalls: publisher.stalls, unhealthyAfter: .seconds(6))
         )
         let held = Shared<[KafkaRecord]>([])
         try await withTimeout(90, "the stalled pipeline") {
@@ -51,8 +51,22 @@ struct PipelineWatchTests {
                 let unhealthy = try httpGet(port: port, path: "/healthz").body
                 #expect(unhealthy.hasPrefix("unhealthy: consumer pipeline stalled for "), "\(unhealthy)")
 
-                // Publishing to Kafka fails as well: Kafka is what is wrong, and a restart would
-                // not help.
+                // Results wait in the producer (Kafka refuses writes for now; librdkafka retries
+                // and reports nothing until message.timeout.ms): Kafka is what is wrong, and a
+                // restart would not help.
+                let notEnoughReplicas = try #require(KafkaErrorCodes.code(named: "NOT_ENOUGH_REPLICAS"))
+                cluster.pushRequestErrors(api: .produce, errors: Array(repeating: notEnoughReplicas, count: 100_000))
+                let waiting = Task { try await producer.send(KafkaOutgoingMessage(topic: "results", value: Array("{}".utf8))) }
+                try await waitUntil("the result to wait in the producer") { producer.queuedMessages > 0 }
+                #expect(try httpGet(port: port, path: "/healthz").status == 200)
+                #expect(publisher.stalls.problem(longerThan: .zero) == nil, "no failure reported yet")
+                cluster.clearRequestErrors(api: .produce)
+                _ = try await waiting.value
+                try await waitUntil("/healthz to fail again", timeout: 10) {
+                    (try? httpGet(port: port, path: "/healthz"))?.status == 503
+                }
+
+                // A publish failed and is being retried: the same.
                 let denied = try #require(KafkaErrorCodes.code(named: "TOPIC_AUTHORIZATION_FAILED"))
                 cluster.pushRequestErrors(api: .produce, errors: Array(repeating: denied, count: 50))
                 let publishing = Task { await publisher.publish([KafkaOutgoingMessage(topic: "results", value: Array("{}".utf8))]) }

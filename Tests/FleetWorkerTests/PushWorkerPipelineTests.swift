@@ -2,6 +2,7 @@ import APNsClient
 import APNsCore
 import APNsSimulator
 import FleetWorker
+import FleetTestSupport
 import Foundation
 import KafkaTransport
 import Logging
@@ -147,6 +148,57 @@ final class Collected<Element: Sendable>: Sendable {
     func append(_ element: Element) { storage.withLock { $0.append(element) } }
     var count: Int { storage.withLock { $0.count } }
     var items: [Element] { storage.withLock { $0 } }
+}
+
+extension PushWorkerPipelineTests {
+    @Test("a one-token job's result that Kafka keeps refusing counts as a failing publish from its first send, not from the retry after librdkafka's report")
+    func directPublishStallCountsFromFirstSend() async throws {
+        var logger = Logger(label: "pipeline-test")
+        logger.logLevel = .critical
+        let backends = try await InProcessBackends.start(name: "stall", jobPartitions: 1, otherPartitions: 1, logger: logger)
+        let (directory, simulator, topics, client, app) = (backends.directory, backends.simulator, backends.topics, backends.client, backends.app)
+        defer {
+            try? FileManager.default.removeItem(atPath: directory)
+            withExtendedLifetime(backends.cluster) {}
+        }
+        let clients = try APNsClients(apps: [app], logger: logger)
+        var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "push", topics: [topics.jobs, topics.retry])
+        consumerConfiguration.sessionTimeout = .seconds(6)
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: logger)
+        // librdkafka gives up on a message (and reports it failed) after 2 s.
+        var producerConfiguration = KafkaProducerConfiguration(client: client)
+        producerConfiguration.messageTimeout = .seconds(2)
+        let producer = try KafkaProducer(configuration: producerConfiguration, logger: logger)
+        let worker = PushWorker(
+            configuration: .init(fleet: FleetConfiguration(apps: [app]), workerID: "w-test", maxInFlight: 10),
+            consumer: consumer, producer: producer,
+            sender: APNsClientSender(clients: clients, requestTimeout: .seconds(10)), logger: logger
+        )
+        let job = #"{"id":"one","token":"\#(Self.good[0])","payload":{"aps":{"alert":"hi"}}}"#
+        try await producer.send(KafkaOutgoingMessage(topic: topics.jobs, value: Array(job.utf8)))
+        // From now on Kafka refuses writes, retriably: librdkafka retries until its timeout.
+        let refused = try #require(KafkaErrorCodes.code(named: "NOT_ENOUGH_REPLICAS"))
+        backends.cluster.pushRequestErrors(api: .produce, errors: Array(repeating: refused, count: 100_000))
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await clients.run() }
+            group.addTask { try await producer.run() }
+            group.addTask { try await consumer.run() }
+            group.addTask { try await worker.run() }
+            try await waitUntil("the failing publish to be reported", timeout: 30) { worker.publishStalls.problem(longerThan: .zero) != nil }
+            // Reported when the worker's own publish failed too, two timeouts after the first send.
+            let problem = worker.publishStalls.problem(longerThan: .milliseconds(3500))
+            #expect(problem != nil, "\(worker.publishStalls.problem(longerThan: .zero) ?? "")")
+            backends.cluster.clearRequestErrors(api: .produce)
+            try await waitUntil("the result to be published", timeout: 30) { consumer.storedOffset(TopicPartition(topic: topics.jobs, partition: 0)) == 1 }
+            #expect(worker.publishStalls.problem(longerThan: .zero) == nil)
+            consumer.close()
+            clients.shutdown()
+            await producer.shutdown(flushTimeout: .seconds(5))
+            group.cancelAll()
+        }
+        await simulator.stop()
+    }
 }
 
 @Suite("Send results")

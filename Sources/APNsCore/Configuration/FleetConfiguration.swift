@@ -377,6 +377,13 @@ public struct RetryPolicy: Sendable, Hashable {
         let clampedUnit = min(max(unit, 0), 1)
         return Int(raw / 2 + raw / 2 * clampedUnit)
     }
+
+    /// The most one notification can spend in process before its result or retry record: every
+    /// in-process attempt taking `requestTimeoutSeconds`, and the longest backoff between them.
+    public func longestInProcessSeconds(requestTimeoutSeconds: Double) -> Double {
+        let backoff = (1..<max(inProcessAttempts, 1)).reduce(0) { $0 + delayMilliseconds(afterAttempt: $1, jitter: 1) }
+        return Double(inProcessAttempts) * requestTimeoutSeconds + Double(backoff) / 1000
+    }
 }
 
 public struct AdminSettings: Sendable, Hashable {
@@ -386,7 +393,8 @@ public struct AdminSettings: Sendable, Hashable {
     public var port: Int
     /// `/healthz` fails once the Kafka consumer pipeline has been stalled this long (and Kafka
     /// itself takes what is published), so that the orchestrator restarts the process and its
-    /// partitions move on. 0: never. Default: 300 s.
+    /// partitions move on. 0: never. Default: 300 s, or more when a notification's in-process
+    /// attempts can take longer (see the configuration decoder).
     public var livenessStallSeconds: Double
 
     public init(host: String = "127.0.0.1", port: Int = 9464, livenessStallSeconds: Double = 300) {

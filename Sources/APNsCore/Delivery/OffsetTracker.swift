@@ -200,6 +200,11 @@ public struct OffsetTracker: Sendable {
         partitions.values.reduce(0) { $0 + ($1.pending.count - $1.head) }
     }
 
+    /// ``inProgress(_:)`` over all partitions.
+    public var totalInProgress: Int {
+        partitions.values.reduce(0) { $0 + $1.pending.count - $1.head - $1.finishedEarly.count - $1.leftUnstarted.count }
+    }
+
     /// The oldest offset dispatched and not finished, if any: where a restart would begin when
     /// nothing finished yet this epoch.
     public func oldestUnfinished(_ partition: TopicPartition) -> Int64? {

@@ -57,7 +57,7 @@ struct FeedbackCommand: AsyncParsableCommand {
             host: fleet.admin.host, port: fleet.admin.port, logger: logger,
             metrics: { registry.emitToBuffer() },
             readiness: { worker.readiness(assignedPartitions: consumer.assignment.count) },
-            pipeline: PipelineWatch(consumer: consumer, publishStalls: worker.publishStalls, unhealthyAfter: fleet.admin.unhealthyAfterStall)
+            pipeline: PipelineWatch(consumer: consumer, producer: producer, publishStalls: worker.publishStalls, unhealthyAfter: fleet.admin.unhealthyAfterStall)
         )
         logger.info("feedback worker starting", metadata: [
             "worker.id": "\(process.processID)", "kafka.group": "\(fleet.kafka.feedbackGroupID)",

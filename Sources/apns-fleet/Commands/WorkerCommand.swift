@@ -80,7 +80,7 @@ struct WorkerCommand: AsyncParsableCommand {
                 if let problem = worker.publishStalls.problem() { return .init(ready: false, detail: problem) }
                 return .init(ready: true, detail: "\(consumer.assignment.count) partitions, \(clients.pools.count) APNs pools")
             },
-            pipeline: PipelineWatch(consumer: consumer, publishStalls: worker.publishStalls, unhealthyAfter: fleet.admin.unhealthyAfterStall)
+            pipeline: PipelineWatch(consumer: consumer, producer: producer, publishStalls: worker.publishStalls, unhealthyAfter: fleet.admin.unhealthyAfterStall)
         )
         logger.info("worker starting", metadata: [
             "worker.id": "\(workerID)", "kafka.group": "\(fleet.kafka.groupID)",
