@@ -223,7 +223,7 @@ public final class APNsSimulator: Sendable {
                 channel.eventLoop.makeCompletedFuture {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
-                        try channel.pipeline.syncOperations.addHandler(TLSHandshakeDeadline())
+                        try channel.pipeline.syncOperations.addHandler(ConnectionDeadline(.tlsHandshake))
                         try channel.pipeline.syncOperations.addHandler(TLSConnectionStarter(context: context, logger: logger))
                     } else {
                         try installHTTP2(on: channel, context: context, transport: "h2c", authentication: makeTokenAuthentication(context))
@@ -244,7 +244,7 @@ public final class APNsSimulator: Sendable {
         let handler = HTTP2ChannelHandler(session: session, initialSettings: connection.initialSettings)
         // A client that connects and says nothing (a port scanner, a stuck client) would hold
         // the socket for good: real clients send the preface at once.
-        try channel.pipeline.syncOperations.addHandler(ConnectionPrefaceDeadline())
+        try channel.pipeline.syncOperations.addHandler(ConnectionDeadline(.http2Preface))
         // A client's protocol error ends its connection; say why, for whoever is debugging it.
         handler.onError = { [logger = context.logger, id = connection.id] error in
             logger.notice("HTTP/2 session with a client failed; connection closed", metadata: ["simulator.connection": "\(id)", "error": "\(error)"])

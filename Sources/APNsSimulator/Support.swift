@@ -73,16 +73,31 @@ extension String {
     }
 }
 
-/// Closes a TLS connection whose handshake has not completed in time: a client that connects
-/// and never speaks (a port scanner, a plain-TCP health check) would otherwise hold its socket
-/// for good. Placed right after the TLS handler; gone once the handshake completes.
-final class TLSHandshakeDeadline: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = NIOAny
+/// Closes a connection whose client has not spoken in time: a client that connects and never
+/// says anything (a port scanner, a plain-TCP health check, a stuck client) would otherwise hold
+/// its socket for good. Gone once the client has done what it waits for:
+/// - `.tlsHandshake`, placed right after the TLS handler: the handshake completed;
+/// - `.http2Preface`, placed right before the HTTP/2 handler: the 24 bytes of the connection
+///   preface arrived (real clients send it at once).
+final class ConnectionDeadline: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+
+    enum Awaiting {
+        case tlsHandshake
+        case http2Preface
+    }
 
     /// Long enough for any real client on a loaded machine.
     static let timeout = TimeAmount.seconds(10)
+    private static let prefaceLength = 24
 
+    private let awaiting: Awaiting
+    private var received = 0
     private var deadline: Scheduled<Void>?
+
+    init(_ awaiting: Awaiting) {
+        self.awaiting = awaiting
+    }
 
     func handlerAdded(context: ChannelHandlerContext) {
         let channel = context.channel
@@ -95,45 +110,20 @@ final class TLSHandshakeDeadline: ChannelInboundHandler, RemovableChannelHandler
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if let tlsEvent = event as? TLSUserEvent, case .handshakeCompleted = tlsEvent {
-            deadline?.cancel()
-            deadline = nil
-            context.fireUserInboundEventTriggered(event)
-            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
-            return
-        }
         context.fireUserInboundEventTriggered(event)
-    }
-}
-
-/// Closes an HTTP/2 connection whose client has not sent the 24-byte connection preface in
-/// time (``TLSHandshakeDeadline/timeout``), for the reason the handshake deadline exists: a
-/// client that connects, or completes TLS, and then says nothing. Placed right before the
-/// HTTP/2 handler; gone once the preface's bytes are in.
-final class ConnectionPrefaceDeadline: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = ByteBuffer
-
-    private static let prefaceLength = 24
-    private var received = 0
-    private var deadline: Scheduled<Void>?
-
-    func handlerAdded(context: ChannelHandlerContext) {
-        let channel = context.channel
-        deadline = context.eventLoop.scheduleTask(in: TLSHandshakeDeadline.timeout) { channel.close(promise: nil) }
-    }
-
-    func handlerRemoved(context: ChannelHandlerContext) {
-        deadline?.cancel()
-        deadline = nil
+        if awaiting == .tlsHandshake, let tlsEvent = event as? TLSUserEvent, case .handshakeCompleted = tlsEvent { met(context) }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        received += unwrapInboundIn(data).readableBytes
+        if awaiting == .http2Preface { received += unwrapInboundIn(data).readableBytes }
         context.fireChannelRead(data)
-        if received >= Self.prefaceLength, deadline != nil {
-            deadline?.cancel()
-            deadline = nil
-            context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
-        }
+        if awaiting == .http2Preface, received >= Self.prefaceLength { met(context) }
+    }
+
+    private func met(_ context: ChannelHandlerContext) {
+        guard deadline != nil else { return }
+        deadline?.cancel()
+        deadline = nil
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 }

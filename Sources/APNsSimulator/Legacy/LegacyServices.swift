@@ -111,7 +111,7 @@ public final class LegacyServices: Sendable {
                             guard state.connections.open(channel) else { throw ChannelError.ioOnClosedChannel }
                             if let context {
                                 try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: context))
-                                try channel.pipeline.syncOperations.addHandler(TLSHandshakeDeadline())
+                                try channel.pipeline.syncOperations.addHandler(ConnectionDeadline(.tlsHandshake))
                             }
                             if gateway {
                                 try channel.pipeline.syncOperations.addHandler(GatewayHandler(state: state, transport: listener.rawValue))
