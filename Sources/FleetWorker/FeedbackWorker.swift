@@ -62,6 +62,7 @@ public final class FeedbackWorker: Service, Sendable {
     private let ledger: Mutex<InvalidationLedger>
     private let publishing = TakingTurns()
     private let stopping = Atomic<Bool>(false)
+    private let lostEvents = Atomic<Int>(0)
     /// Whether the process was asked to stop: its services stop in turn, this one only after the
     /// consumer, and a poll started meanwhile would read tuples (which the service then forgets)
     /// that might never be published.
@@ -93,6 +94,10 @@ public final class FeedbackWorker: Service, Sendable {
 
     /// Publishes to Kafka that keep failing, for readiness.
     public var publishStalls: PublishStalls { publisher.stalls }
+
+    /// Events read from a legacy feedback service and never published: a forced stop cut their
+    /// publishing short, and the service has forgotten them. The process reports them on exit.
+    public var eventsLost: Int { lostEvents.load(ordering: .relaxed) }
 
     /// Whether the last poll of each feedback service succeeded (app → success), for readiness.
     public var feedbackServiceHealth: [String: Bool] { polls.withLock { $0.last } }
@@ -284,6 +289,7 @@ public final class FeedbackWorker: Service, Sendable {
         if unpublished > 0 {
             // Say what was lost rather than hide it.
             logger.error("stopped before the feedback service's events were published", metadata: ["app": "\(service.app)", "events": "\(unpublished)"])
+            lostEvents.add(unpublished, ordering: .relaxed)
         }
         return published
     }

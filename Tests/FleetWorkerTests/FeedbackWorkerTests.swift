@@ -298,6 +298,8 @@ struct FeedbackWorkerTests {
         let lines = logs.items
         #expect(lines.contains { $0.level == .error && $0.message == "stopped before the feedback service's events were published" && $0.metadata["events"] == "1" }, "\(lines.map(\.text))")
         #expect(!lines.contains { $0.message.contains("will try again") }, "\(lines.map(\.text))")
+        // The process's last line reports them, with exit status 1.
+        #expect(worker.eventsLost == 1)
         cluster.clearRequestErrors(api: .produce)
         await producer.shutdown(flushTimeout: .seconds(1))
     }

@@ -64,7 +64,11 @@ struct FeedbackCommand: AsyncParsableCommand {
             "feedback.services": "\(services.map(\.app).joined(separator: ","))",
         ])
         await process.run([producer, admin, worker, consumer])
-        process.exitStopped("feedback worker stopped: events flushed", unfinished: consumer.recordsLeftUnfinished)
+        let lost = worker.eventsLost
+        process.exitStopped(
+            lost > 0 ? "feedback worker stopped" : "feedback worker stopped: events flushed", unfinished: consumer.recordsLeftUnfinished,
+            lost: lost > 0 ? "\(lost) token events read from a legacy feedback service, which forgets what it hands out, were never published (see the error above)" : nil
+        )
     }
 
     /// A feedback service per app that configures one.

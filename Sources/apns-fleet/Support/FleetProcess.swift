@@ -112,7 +112,15 @@ struct FleetProcess {
     /// is how many records the drain gave up on (the group redoes them). Exits now rather than
     /// wait for librdkafka's handles to be torn down: with both clients closed, rd_kafka_destroy
     /// has been seen to stall here, and a stopping pod must not hang.
-    func exitStopped(_ stopped: String, unfinished: Int) -> Never {
+    ///
+    /// `lost` names what the stop lost for good (nothing redoes it): then the line is an error
+    /// and the status 1.
+    func exitStopped(_ stopped: String, unfinished: Int, lost: String? = nil) -> Never {
+        if let lost {
+            logger.error("\(stopped), group left; lost: \(lost)")
+            fflush(nil)
+            _exit(1)
+        }
         if unfinished > 0 {
             logger.warning("\(stopped), group left; the drain ran out of time, so the group redoes the unfinished records", metadata: ["kafka.unfinished": "\(unfinished)"])
         } else {
