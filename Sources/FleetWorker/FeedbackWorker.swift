@@ -18,7 +18,8 @@ import Synchronization
 /// ``InvalidationLedger`` remembers what was published. A batch of results and a chunk of
 /// feedback tuples take turns to admit their events to the ledger and publish them, so that an
 /// event taken for a repeat of another has always been acknowledged (or forgotten) first, and
-/// events reach the compacted topic in the order the ledger judged them.
+/// events reach the compacted topic in the order the ledger judged them (two events of one key
+/// in one turn go out one after the other).
 public final class FeedbackWorker: Service, Sendable {
     public struct Configuration: Sendable {
         public var topics: TopicNames
@@ -183,12 +184,33 @@ public final class FeedbackWorker: Service, Sendable {
         let news = ledger.withLock { ledger in events.filter { ledger.admit($0) } }
         if news.count < events.count { duplicates.increment(by: events.count - news.count) }
         guard !news.isEmpty else { return 0 }
-        guard await publisher.publish(news.map(message(for:))) else {
-            ledger.withLock { ledger in for event in news { ledger.forget(event) } }
-            return nil
+        let rounds = Self.rounds(news)
+        for (index, round) in rounds.enumerated() {
+            guard await publisher.publish(round.map(message(for:))) else {
+                ledger.withLock { ledger in for event in rounds[index...].joined() { ledger.forget(event) } }
+                return nil
+            }
+            count(round)
         }
-        count(news)
         return news.count
+    }
+
+    /// `events` in rounds that each hold at most one event per key, in order: a key's second
+    /// event goes out only once its first is acknowledged. Published together, a resend of the
+    /// first (its report failed) could land after the second, and the compacted topic would keep
+    /// the older. One round when no key repeats, as is usual.
+    static func rounds(_ events: [TokenEvent]) -> [[TokenEvent]] {
+        guard events.count > 1 else { return [events] }
+        var occurrences: [String: Int] = [:]
+        var rounds: [[TokenEvent]] = [[]]
+        rounds[0].reserveCapacity(events.count)
+        for event in events {
+            let index = occurrences[event.key, default: 0]
+            occurrences[event.key] = index + 1
+            if index == rounds.count { rounds.append([]) }
+            rounds[index].append(event)
+        }
+        return rounds
     }
 
     private func message(for event: TokenEvent) -> KafkaOutgoingMessage {

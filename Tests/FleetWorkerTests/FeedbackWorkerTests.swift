@@ -125,6 +125,17 @@ struct FeedbackWorkerTests {
         #expect(worker.feedbackServiceHealth == ["legacy": true])
     }
 
+    @Test("two events of one token in one turn are published one after the other, each after the previous is acknowledged")
+    func eventsOfOneKeyGoOutInRounds() {
+        func event(_ byte: UInt8, at time: Int64) -> TokenEvent {
+            TokenEvent(token: Self.token(byte), topic: "com.example.app", app: nil, reason: "Unregistered", invalidatedAt: time, source: .http2)
+        }
+        let events = [event(0xA1, at: 1), event(0xB2, at: 2), event(0xA1, at: 3), event(0xC3, at: 4), event(0xA1, at: 5)]
+        let rounds = FeedbackWorker.rounds(events).map { $0.map { "\($0.token.prefix(2))@\($0.invalidatedAt)" } }
+        #expect(rounds == [["a1@1", "b2@2", "c3@4"], ["a1@3"], ["a1@5"]])
+        #expect(FeedbackWorker.rounds(Array(events.prefix(2))).count == 1, "no key repeats: one round")
+    }
+
     /// A mock cluster with the results and token-event topics, and a feedback worker's consumer
     /// and producer on it.
     static func kafka(logLevel: Logger.Level) throws -> (MockKafkaCluster, KafkaConsumer, KafkaProducer, Logger) {
