@@ -43,7 +43,11 @@ struct WatermarkGate: Sendable, Hashable {
 
 /// The worker's pauses of the consumer's partitions, for two reasons:
 /// - back-pressure: every partition, while work in flight is above the high watermark;
-/// - retry wait: one partition, while a retry record of it waits for its `not-before`.
+/// - retry wait: one partition, while as many of its retry records wait for their `not-before`
+///   as one partition may hold waiting (``waitingRecordsPerPartition``, or their bytes
+///   ``waitingBytesPerPartition``). Below that the partition is read on: a record due sooner,
+///   another device's, must not wait behind one that is due later (a 429 delays only that
+///   device).
 ///
 /// Both go through here, under one lock, so that the consumer sees the calls in the order the
 /// decisions were made (a resume overtaking its pause would leave a partition paused for good).
@@ -51,8 +55,23 @@ struct WatermarkGate: Sendable, Hashable {
 final class PartitionPauses: Sendable {
     private struct State {
         var backPressure = false
-        var waiting: [TopicPartition: Int] = [:]
+        var waiting: [TopicPartition: Waiting] = [:]
+        /// Partitions paused because they hold as many waiting records as they may.
+        var pausedForWaiting = 0
     }
+
+    private struct Waiting {
+        var records = 0
+        var bytes = 0
+        var paused = false
+
+        var isFull: Bool { records >= PartitionPauses.waitingRecordsPerPartition || bytes >= PartitionPauses.waitingBytesPerPartition }
+    }
+
+    /// What one partition may hold waiting before it is paused: each waiting record keeps its
+    /// bytes and a task, and its partition's offset cannot move past the oldest.
+    static let waitingRecordsPerPartition = 256
+    static let waitingBytesPerPartition = 2 << 20
 
     private let consumer: KafkaConsumer
     private let logger: Logger
@@ -102,29 +121,37 @@ final class PartitionPauses: Sendable {
 
     var isBackPressured: Bool { state.withLock { $0.backPressure } }
 
-    /// A record of `partition` starts waiting; the first one pauses the partition, so that no
-    /// more records pile up behind it.
-    func startWaiting(_ partition: TopicPartition) {
+    /// A record of `partition`, `bytes` large, starts waiting; once the partition holds as many
+    /// as it may, it is paused, so that no more pile up behind them.
+    func startWaiting(_ partition: TopicPartition, bytes: Int) {
         state.withLock { state in
-            state.waiting[partition, default: 0] += 1
-            if state.waiting[partition] == 1 {
+            var waiting = state.waiting[partition, default: Waiting()]
+            waiting.records += 1
+            waiting.bytes += bytes
+            if !waiting.paused, waiting.isFull {
+                waiting.paused = true
+                state.pausedForWaiting += 1
                 consumer.pause([partition])
-                retryWaitGauge.record(state.waiting.count)
+                retryWaitGauge.record(state.pausedForWaiting)
             }
+            state.waiting[partition] = waiting
         }
     }
 
-    /// A record of `partition` stopped waiting; the last one resumes the partition.
-    func stopWaiting(_ partition: TopicPartition) {
+    /// A record of `partition` (`bytes` large, as given to ``startWaiting(_:bytes:)``) stopped
+    /// waiting; a partition paused for its waiting records resumes once it has room again.
+    func stopWaiting(_ partition: TopicPartition, bytes: Int) {
         state.withLock { state in
-            guard let count = state.waiting[partition] else { return }
-            if count > 1 {
-                state.waiting[partition] = count - 1
-                return
+            guard var waiting = state.waiting[partition] else { return }
+            waiting.records -= 1
+            waiting.bytes -= bytes
+            if waiting.paused, !waiting.isFull {
+                waiting.paused = false
+                state.pausedForWaiting -= 1
+                consumer.resume([partition])
+                retryWaitGauge.record(state.pausedForWaiting)
             }
-            state.waiting.removeValue(forKey: partition)
-            consumer.resume([partition])
-            retryWaitGauge.record(state.waiting.count)
+            state.waiting[partition] = waiting.records > 0 ? waiting : nil
         }
     }
 }

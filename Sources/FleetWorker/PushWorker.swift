@@ -19,7 +19,8 @@ import Synchronization
 ///
 /// Back-pressure: above the high watermark of the in-flight bound the worker pauses the
 /// consumer's partitions (it keeps polling) and resumes them below the low watermark. A retry
-/// record whose `not-before` is still ahead waits outside the bound, with its partition paused.
+/// record whose `not-before` is still ahead waits outside the bound; its partition is read on
+/// (another device's retry may be due sooner) until it holds a few hundred waiting records.
 public final class PushWorker: Service, Sendable {
     public struct Configuration: Sendable {
         public var fleet: FleetConfiguration
@@ -169,8 +170,8 @@ public final class PushWorker: Service, Sendable {
             // The rebalance count when the loop last looked through the rest of the batch.
             var sweptAt = rebalances
             for (index, record) in batch.enumerated() {
-                // A retry record that is not due yet waits without a slot (its partition
-                // paused meanwhile): it must not hold up work of other partitions.
+                // A retry record that is not due yet waits without a slot: it must not hold up
+                // other work, of its partition or others.
                 if let wait = notDueFor(record) {
                     group.addTask { await self.processWhenDue(record, waitMilliseconds: wait) }
                     continue
@@ -287,7 +288,8 @@ public final class PushWorker: Service, Sendable {
         // it: check here, and again when it is due.
         guard consumer.isCurrent(record) else { return }
         let partition = record.topicPartition
-        pauses.startWaiting(partition)
+        let bytes = record.value.count + (record.key?.count ?? 0)
+        pauses.startWaiting(partition, bytes: bytes)
         // Held on purpose: a quiet worker waiting only for this is not a stalled pipeline.
         consumer.park()
         let wake = await retryWaits.wait(partition: partition, milliseconds: waitMilliseconds) {
@@ -296,7 +298,7 @@ public final class PushWorker: Service, Sendable {
             return consumer.isCurrent(record) ? nil : .dropped
         }
         consumer.unpark()
-        pauses.stopWaiting(partition)
+        pauses.stopWaiting(partition, bytes: bytes)
         switch wake {
         case .due:
             // Its partition moved on meanwhile: the new owner sends it.

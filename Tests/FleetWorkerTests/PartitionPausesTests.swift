@@ -1,3 +1,4 @@
+import APNsCore
 import FleetLoad
 import FleetTestSupport
 import KafkaTransport
@@ -51,6 +52,53 @@ struct PartitionPausesTests {
                 #expect(backPressurePaused() == 0)
                 first.close()
                 second.close()
+                try await group.waitForAll()
+            }
+        }
+    }
+
+    @Test("a retry partition is paused only once it holds as many waiting records, or bytes, as it may; it resumes when it has room again")
+    func retryWaitsPauseAtTheCap() async throws {
+        var logger = Logger(label: "partition-pauses-tests")
+        logger.logLevel = .error
+        let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
+        try cluster.createTopic("retries", partitions: 2)
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.statisticsInterval = nil
+        var configuration = KafkaConsumerConfiguration(client: client, groupID: "retry-group", topics: ["retries"])
+        configuration.sessionTimeout = .milliseconds(6000)
+        configuration.pollTimeout = .milliseconds(50)
+        let consumer = try KafkaConsumer(configuration: configuration, logger: logger)
+        let registry = PrometheusCollectorRegistry()
+        let pauses = PartitionPauses(consumer: consumer, logger: logger, metrics: PrometheusMetricsFactory(registry: registry))
+        @Sendable func retryWaitPaused() -> Double? {
+            prometheusSamples(String(decoding: registry.emitToBuffer(), as: UTF8.self))
+                .first { $0.name == "apns_worker_partitions_paused" && $0.labels["reason"] == "retry_wait" }?.value
+        }
+        let (first, second) = (TopicPartition(topic: "retries", partition: 0), TopicPartition(topic: "retries", partition: 1))
+        try await withTimeout(60, "the pauses") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                try await waitUntil("the assignment") { consumer.assignment.count == 2 }
+                let cap = PartitionPauses.waitingRecordsPerPartition
+                for _ in 1..<cap { pauses.startWaiting(first, bytes: 100) }
+                try await Task.sleep(for: .milliseconds(300))
+                #expect(consumer.pausedPartitions.isEmpty, "room left: read on")
+                pauses.startWaiting(first, bytes: 100)
+                try await waitUntil("the full partition to be paused") { consumer.pausedPartitions == [first] }
+                #expect(retryWaitPaused() == 1)
+                pauses.stopWaiting(first, bytes: 100)
+                try await waitUntil("the partition to resume") { consumer.pausedPartitions.isEmpty }
+                #expect(retryWaitPaused() == 0)
+
+                // Two large records fill the other partition by their bytes.
+                let large = PartitionPauses.waitingBytesPerPartition / 2
+                pauses.startWaiting(second, bytes: large)
+                pauses.startWaiting(second, bytes: large)
+                try await waitUntil("the partition full of bytes to be paused") { consumer.pausedPartitions == [second] }
+                pauses.stopWaiting(second, bytes: large)
+                try await waitUntil("it to resume") { consumer.pausedPartitions.isEmpty }
+                consumer.close()
                 try await group.waitForAll()
             }
         }

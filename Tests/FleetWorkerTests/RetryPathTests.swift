@@ -220,6 +220,30 @@ extension RetryPathTests {
         }
     }
 
+    @Test("a retry record due later does not hold up another device's retry in its partition that is due sooner")
+    func laterRetryDoesNotHoldUpASoonerOne() async throws {
+        let fleet = try await InProcessFleet.start(behaviour: .init(), retry: RetryPolicy(), maxInFlight: 10)
+        let (throttled, other) = (InProcessFleet.token(1), InProcessFleet.token(2))
+        let later = fleet.retryRecord(token: throttled, notBefore: Int64(Date().timeIntervalSince1970 * 1000) + 40_000)
+        let publishedAt = Shared<ContinuousClock.Instant?>(nil)
+        let answeredAfter = Shared<Duration?>(nil)
+        let outcome = try await fleet.run([later]) { results, _ in
+            if publishedAt.value == nil, fleet.worker.waitingRetries == 1 {
+                // Another device's retry, in the same partition (the same key), due at once.
+                publishedAt.update { $0 = .now }
+                try await fleet.publish(fleet.retryRecord(token: other, notBefore: Int64(Date().timeIntervalSince1970 * 1000)))
+            }
+            if let publishedAt = publishedAt.value, answeredAfter.value == nil, results.contains(where: { $0.token == other }) {
+                answeredAfter.update { $0 = publishedAt.duration(to: .now) }
+            }
+            return answeredAfter.value != nil
+        }
+        let took = try #require(answeredAfter.value, "the sooner retry never got its result")
+        // Paused behind the first record, it would have waited for it: 40 s.
+        #expect(took < .seconds(15), "the sooner retry took \(took)")
+        #expect(outcome.results.map(\.token) == [other], "the later one is not sent before its time")
+    }
+
     @Test("under back-pressure, jobs not started when the consumer closes are left to the group, not started during the drain")
     func jobsWaitingForSlotsAreNotStartedDuringTheDrain() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
