@@ -170,18 +170,19 @@ public final class PushWorker: Service, Sendable {
             // The rebalance count when the loop last looked through the rest of the batch.
             var sweptAt = rebalances
             for (index, record) in batch.enumerated() {
+                // The record's partition may have moved on (revoked, or lost): the new owner
+                // sends it, so sending it here too would only reach the device twice. Or it is
+                // being revoked: its drain should not wait for work that has not started (under
+                // back-pressure, a batch's worth of it; a retry record not due yet). Either way
+                // it is left to the next owner.
+                if !mayBeStale, consumer.rebalances != rebalances { mayBeStale = true }
+                if mayBeStale, !consumer.claim(record) { continue }
                 // A retry record that is not due yet waits without a slot: it must not hold up
                 // other work, of its partition or others.
                 if let wait = notDueFor(record) {
                     group.addTask { await self.processWhenDue(record, waitMilliseconds: wait) }
                     continue
                 }
-                // The record's partition may have moved on (revoked, or lost): the new owner
-                // sends it, so sending it here too would only reach the device twice. Or it is
-                // being revoked: its drain should not wait for work that has not started (under
-                // back-pressure, a batch's worth of it). Either way it is left to the next owner.
-                if !mayBeStale, consumer.rebalances != rebalances { mayBeStale = true }
-                if mayBeStale, !consumer.claim(record) { continue }
                 // Decoded before it takes its slots, so that a job counts by its real tokens.
                 let admission = admit(record)
                 let weight = admission.weight
@@ -194,7 +195,7 @@ public final class PushWorker: Service, Sendable {
                 while !(await limiter.acquire(weight, unless: { consumer.rebalances != sweptAt })) {
                     sweptAt = consumer.rebalances
                     mayBeStale = true
-                    for later in batch[(index + 1)...] where notDueFor(later) == nil { _ = consumer.claim(later) }
+                    for later in batch[(index + 1)...] { _ = consumer.claim(later) }
                     if !consumer.claim(record) {
                         claimed = false
                         break
