@@ -168,31 +168,34 @@ public final class FeedbackWorker: Service, Sendable {
         if !events.isEmpty {
             // Cancelled before Kafka took them (or while waiting for the turn: a forced stop
             // need not wait out another round of publishing): left unfinished, redone.
-            let published = await publishing.run { () async -> Int? in
-                guard !Task.isCancelled else { return nil }
-                return await publishNews(events)
+            let complete = await publishing.run { () async -> Bool in
+                guard !Task.isCancelled else { return false }
+                return await publishNews(events).unpublished == 0
             }
-            guard published != nil else { return }
+            guard complete else { return }
         }
         consumer.markFinished(batch)
     }
 
-    /// Admits `events` to the ledger and publishes those that are news; how many were, or nil
-    /// when cancelled before Kafka took them all (they are forgotten again, so that a redo or a
-    /// later report of the same token publishes them). Run in a `publishing` turn.
-    private func publishNews(_ events: [TokenEvent]) async -> Int? {
+    /// Admits `events` to the ledger and publishes those that are news: how many Kafka
+    /// acknowledged, and how many it did not because publishing was cancelled first (those are
+    /// forgotten again, so that a redo or a later report of the same token publishes them). Run
+    /// in a `publishing` turn.
+    private func publishNews(_ events: [TokenEvent]) async -> (published: Int, unpublished: Int) {
         let news = ledger.withLock { ledger in events.filter { ledger.admit($0) } }
         if news.count < events.count { duplicates.increment(by: events.count - news.count) }
-        guard !news.isEmpty else { return 0 }
+        guard !news.isEmpty else { return (0, 0) }
         let rounds = Self.rounds(news)
+        var published = 0
         for (index, round) in rounds.enumerated() {
             guard await publisher.publish(round.map(message(for:))) else {
                 ledger.withLock { ledger in for event in rounds[index...].joined() { ledger.forget(event) } }
-                return nil
+                return (published, news.count - published)
             }
             count(round)
+            published += round.count
         }
-        return news.count
+        return (published, 0)
     }
 
     /// `events` in rounds that each hold at most one event per key, in order: a key's second
@@ -275,14 +278,17 @@ public final class FeedbackWorker: Service, Sendable {
                     events.append(event)
                 }
                 guard !events.isEmpty else { return }
-                if unpublished == 0, let news = await publishing.run({ await publishNews(events) }) {
-                    published += news
-                } else {
-                    // Only cancellation gets here (a forced stop): the rest is counted, not sent
-                    // (and not remembered, so that a result reporting the same token is not
-                    // taken for a repeat of an event that never went out).
+                guard unpublished == 0 else {
+                    // A forced stop cut an earlier chunk short: the rest is counted, not sent.
                     unpublished += events.count
+                    return
                 }
+                // Cancelled (a forced stop) before Kafka took them all: what it did not take is
+                // counted, and not remembered, so that a result reporting the same token is not
+                // taken for a repeat of an event that never went out.
+                let outcome = await publishing.run { await publishNews(events) }
+                published += outcome.published
+                unpublished += outcome.unpublished
             }
             polls.withLock { polls in
                 polls.last[service.app] = true

@@ -66,10 +66,14 @@ final class PartitionPauses: Sendable {
         var paused = false
 
         var isFull: Bool { records >= PartitionPauses.waitingRecordsPerPartition || bytes >= PartitionPauses.waitingBytesPerPartition }
+        /// Down to half of both: resuming at the first record below the cap would pause and
+        /// resume (and fetch) with every record that stops waiting near it.
+        var hasRoom: Bool { records <= PartitionPauses.waitingRecordsPerPartition / 2 && bytes <= PartitionPauses.waitingBytesPerPartition / 2 }
     }
 
     /// What one partition may hold waiting before it is paused: each waiting record keeps its
-    /// bytes and a task, and its partition's offset cannot move past the oldest.
+    /// bytes and a task, and its partition's offset cannot move past the oldest. It resumes at
+    /// half of it.
     static let waitingRecordsPerPartition = 256
     static let waitingBytesPerPartition = 2 << 20
 
@@ -111,7 +115,7 @@ final class PartitionPauses: Sendable {
             case .resume:
                 guard state.backPressure else { return }
                 state.backPressure = false
-                // Partitions waiting for a retry record stay paused.
+                // Partitions paused for their waiting retry records stay paused.
                 consumer.endPauseAll()
                 backPressureGauge.record(0)
                 logger.debug("work in flight below the low watermark; partitions resumed", metadata: ["worker.in_flight": "\(inUse)"])
@@ -139,13 +143,13 @@ final class PartitionPauses: Sendable {
     }
 
     /// A record of `partition` (`bytes` large, as given to ``startWaiting(_:bytes:)``) stopped
-    /// waiting; a partition paused for its waiting records resumes once it has room again.
+    /// waiting; a partition paused for its waiting records resumes once it is down to half.
     func stopWaiting(_ partition: TopicPartition, bytes: Int) {
         state.withLock { state in
             guard var waiting = state.waiting[partition] else { return }
             waiting.records -= 1
             waiting.bytes -= bytes
-            if waiting.paused, !waiting.isFull {
+            if waiting.paused, waiting.hasRoom {
                 waiting.paused = false
                 state.pausedForWaiting -= 1
                 consumer.resume([partition])

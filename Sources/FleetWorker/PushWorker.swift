@@ -643,6 +643,9 @@ public final class PushWorker: Service, Sendable {
         // Every in-process attempt carries the same apns-id: one never written after one APNs may
         // have taken keeps that one's id for the result. (Answers carry their own: no copy.)
         let sent = answer.apnsID == nil ? answer.withAPNsID(progress.last?.apnsID) : answer
+        // An attempt that did not deliver (slow: a timeout, say) keeps the pipeline from looking
+        // stalled while a large job's notifications time out wave after wave.
+        if case .answered(status: 200, _) = sent.attempt {} else { consumer.noteActivity() }
         progress.last = sent
         progress.totalLatency += sent.latencyMs
         let attempt = progress.attempts

@@ -142,8 +142,13 @@ public final class KafkaConsumer: Service, Sendable {
     /// Ends one ``park()``.
     public func unpark() { core.parked.subtract(1, ordering: .relaxed) }
 
+    /// A step of work on records handed out ended without finishing one (an attempt that timed
+    /// out, say): the stall check counts it as progress. For slow work that is still moving
+    /// (a job of thousands of notifications whose requests time out one wave after another).
+    public func noteActivity() { core.activity.add(1, ordering: .relaxed) }
+
     /// The pipeline's stall, if it has one now: records waiting (buffered, or being worked on
-    /// and not parked) while no offset moved and none was taken for `stallWarning` or longer;
+    /// and not parked) while none was taken or finished, and no activity noted, for `stallWarning` or longer;
     /// or the polling thread not back from librdkafka for that long and twice `drainTimeout`
     /// (a revocation's drain runs inside librdkafka's poll). Nil while the pipeline moves, and
     /// while the consumer is not running.
@@ -227,7 +232,7 @@ public struct KafkaConsumerStall: Sendable, CustomStringConvertible {
     public var description: String {
         let seconds = duration.components.seconds
         switch cause {
-        case .noProgress: return "consumer pipeline stalled for \(seconds) s: records are waiting, and none was taken nor any offset moved"
+        case .noProgress: return "consumer pipeline stalled for \(seconds) s: records are waiting, none taken or finished"
         case .pollingThreadStuck: return "the Kafka polling thread has not come back from librdkafka for \(seconds) s"
         }
     }
@@ -411,10 +416,10 @@ final class ConsumerCore: @unchecked Sendable {
             }
         }
         applying.removeAll(keepingCapacity: true)
-        if advanced {
-            offsetsDirty = true
-            progress &+= 1
-        }
+        // Finished, even behind a record that holds its partition's offset (a parked retry): the
+        // pipeline moves.
+        progress &+= 1
+        if advanced { offsetsDirty = true }
         // A revocation may be waiting for these.
         if !revoking.isEmpty { lock.broadcast() }
     }
@@ -451,6 +456,8 @@ final class ConsumerCore: @unchecked Sendable {
     let rebalances = Atomic<UInt64>(0)
     /// Records held on purpose (see `KafkaConsumer.park()`).
     let parked = Atomic<Int>(0)
+    /// Steps of work on records the caller reported (see `KafkaConsumer.noteActivity()`).
+    let activity = Atomic<UInt64>(0)
     func pausedPartitions() -> [TopicPartition] { locked { Array(appliedPauses) } }
     func inFlightCount() -> Int {
         locked {
@@ -932,7 +939,7 @@ final class ConsumerCore: @unchecked Sendable {
             applyCompletionsLocked()
             // Records finished early wait only for earlier ones of their partition (a parked
             // retry record, say): not work in progress.
-            return (bufferedCount > 0 || tracker.totalInProgress > parked.load(ordering: .relaxed), progress)
+            return (bufferedCount > 0 || tracker.totalInProgress > parked.load(ordering: .relaxed), progress &+ activity.load(ordering: .relaxed))
         }
         if count != last.count || !busy { last = (count, now) }
         let since = last.at

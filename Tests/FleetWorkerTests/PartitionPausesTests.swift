@@ -57,7 +57,7 @@ struct PartitionPausesTests {
         }
     }
 
-    @Test("a retry partition is paused only once it holds as many waiting records, or bytes, as it may; it resumes when it has room again")
+    @Test("a retry partition is paused only once it holds as many waiting records, or bytes, as it may; it resumes once down to half")
     func retryWaitsPauseAtTheCap() async throws {
         var logger = Logger(label: "partition-pauses-tests")
         logger.logLevel = .error
@@ -87,8 +87,11 @@ struct PartitionPausesTests {
                 pauses.startWaiting(first, bytes: 100)
                 try await waitUntil("the full partition to be paused") { consumer.pausedPartitions == [first] }
                 #expect(retryWaitPaused() == 1)
+                for _ in 0..<(cap / 2 - 1) { pauses.stopWaiting(first, bytes: 100) }
+                try await Task.sleep(for: .milliseconds(300))
+                #expect(consumer.pausedPartitions == [first], "above half: still paused")
                 pauses.stopWaiting(first, bytes: 100)
-                try await waitUntil("the partition to resume") { consumer.pausedPartitions.isEmpty }
+                try await waitUntil("the partition to resume at half") { consumer.pausedPartitions.isEmpty }
                 #expect(retryWaitPaused() == 0)
 
                 // Two large records fill the other partition by their bytes.

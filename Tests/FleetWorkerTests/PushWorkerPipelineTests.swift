@@ -187,7 +187,7 @@ extension PushWorkerPipelineTests {
             group.addTask { try await worker.run() }
             try await waitUntil("the failing publish to be reported", timeout: 30) { worker.publishStalls.problem(longerThan: .zero) != nil }
             // Reported when the worker's own publish failed too, two timeouts after the first send.
-            let problem = worker.publishStalls.problem(longerThan: .milliseconds(3500))
+            let problem = worker.publishStalls.problem(longerThan: .milliseconds(3800))
             #expect(problem != nil, "\(worker.publishStalls.problem(longerThan: .zero) ?? "")")
             backends.cluster.clearRequestErrors(api: .produce)
             try await waitUntil("the result to be published", timeout: 30) { consumer.storedOffset(TopicPartition(topic: topics.jobs, partition: 0)) == 1 }

@@ -643,8 +643,15 @@ extension KafkaMockClusterTests {
                 #expect(stalls() == 0, "a parked record is not a stall")
                 #expect(consumer.stall() == nil)
                 consumer.unpark()
+                // Work the caller reports on it (attempts that time out, say) is progress too.
+                for _ in 0..<15 {
+                    consumer.noteActivity()
+                    try await Task.sleep(for: .milliseconds(200))
+                }
+                #expect(stalls() == 0, "reported activity is no stall")
                 try await waitUntil("the held record to be reported as a stall", timeout: 10) { stalls() == 1 }
                 // Probes see it too (the admin server's /readyz and /healthz).
+                try await waitUntil("the probes to see it") { consumer.stall() != nil }
                 let stall = try #require(consumer.stall())
                 #expect(stall.cause == .noProgress && stall.duration > .seconds(1))
                 consumer.markFinished(held.value[0])

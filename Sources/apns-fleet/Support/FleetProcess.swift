@@ -108,8 +108,8 @@ struct FleetProcess {
         }
     }
 
-    /// The last line of a clean stop, then exit 0. `stopped` says what was flushed; `unfinished`
-    /// is how many records the drain gave up on (the group redoes them). Exits now rather than
+    /// The last line of a stop, then exit 0 (or 1, see `lost`). `stopped` says what was flushed;
+    /// `unfinished` is how many records the drain gave up on (the group redoes them). Exits now rather than
     /// wait for librdkafka's handles to be torn down: with both clients closed, rd_kafka_destroy
     /// has been seen to stall here, and a stopping pod must not hang.
     ///
@@ -117,7 +117,7 @@ struct FleetProcess {
     /// and the status 1.
     func exitStopped(_ stopped: String, unfinished: Int, lost: String? = nil) -> Never {
         if let lost {
-            logger.error("\(stopped), group left; lost: \(lost)")
+            logger.error("\(stopped), group left; lost: \(lost)", metadata: ["kafka.unfinished": "\(unfinished)"])
             fflush(nil)
             _exit(1)
         }
