@@ -10,25 +10,32 @@ import Testing
 
 @Suite("Back-pressure pauses across a rebalance", .timeLimit(.minutes(2)))
 struct PartitionPausesTests {
-    @Test("the paused-partitions gauge follows the assignment a rebalance changed while paused, not the one at the pause")
-    func gaugeFollowsRebalance() async throws {
+    static let logger = {
         var logger = Logger(label: "partition-pauses-tests")
         logger.logLevel = .error
+        return logger
+    }()
+
+    /// A consumer of `topic` on `cluster`, in `group`, named `id`.
+    static func consumer(_ cluster: MockKafkaCluster, group: String, topic: String, id: String = "first") throws -> KafkaConsumer {
+        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
+        client.clientID = id
+        client.statisticsInterval = nil
+        var configuration = KafkaConsumerConfiguration(client: client, groupID: group, topics: [topic])
+        // The mock cluster's rebalances take about session.timeout.ms - 1 s.
+        configuration.sessionTimeout = .milliseconds(6000)
+        configuration.client.properties["heartbeat.interval.ms"] = "500"
+        configuration.pollTimeout = .milliseconds(50)
+        return try KafkaConsumer(configuration: configuration, logger: logger)
+    }
+
+    @Test("the paused-partitions gauge follows the assignment a rebalance changed while paused, not the one at the pause")
+    func gaugeFollowsRebalance() async throws {
+        let logger = Self.logger
         let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
         try cluster.createTopic("paused", partitions: 4)
-        func configuration(_ id: String) -> KafkaConsumerConfiguration {
-            var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-            client.clientID = id
-            client.statisticsInterval = nil
-            var configuration = KafkaConsumerConfiguration(client: client, groupID: "paused-group", topics: ["paused"])
-            // The mock cluster's rebalances take about session.timeout.ms - 1 s.
-            configuration.sessionTimeout = .milliseconds(6000)
-            configuration.client.properties["heartbeat.interval.ms"] = "500"
-            configuration.pollTimeout = .milliseconds(50)
-            return configuration
-        }
-        let first = try KafkaConsumer(configuration: configuration("first"), logger: logger)
-        let second = try KafkaConsumer(configuration: configuration("second"), logger: logger)
+        let first = try Self.consumer(cluster, group: "paused-group", topic: "paused", id: "first")
+        let second = try Self.consumer(cluster, group: "paused-group", topic: "paused", id: "second")
         let registry = PrometheusCollectorRegistry()
         let pauses = PartitionPauses(consumer: first, logger: logger, metrics: PrometheusMetricsFactory(registry: registry))
         @Sendable func backPressurePaused() -> Double? {
@@ -59,16 +66,10 @@ struct PartitionPausesTests {
 
     @Test("a retry partition is paused only once it holds as many waiting records, or bytes, as it may; it resumes once down to half")
     func retryWaitsPauseAtTheCap() async throws {
-        var logger = Logger(label: "partition-pauses-tests")
-        logger.logLevel = .error
+        let logger = Self.logger
         let cluster = try MockKafkaCluster(brokers: 1, logger: logger)
         try cluster.createTopic("retries", partitions: 2)
-        var client = KafkaClientConfiguration(bootstrapServers: [cluster.bootstrapServers])
-        client.statisticsInterval = nil
-        var configuration = KafkaConsumerConfiguration(client: client, groupID: "retry-group", topics: ["retries"])
-        configuration.sessionTimeout = .milliseconds(6000)
-        configuration.pollTimeout = .milliseconds(50)
-        let consumer = try KafkaConsumer(configuration: configuration, logger: logger)
+        let consumer = try Self.consumer(cluster, group: "retry-group", topic: "retries")
         let registry = PrometheusCollectorRegistry()
         let pauses = PartitionPauses(consumer: consumer, logger: logger, metrics: PrometheusMetricsFactory(registry: registry))
         @Sendable func retryWaitPaused() -> Double? {
