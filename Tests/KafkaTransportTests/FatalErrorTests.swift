@@ -7,9 +7,7 @@ import Testing
 struct FatalErrorTests {
     @Test("a fatal producer error fails sends at once and ends run() with it, so the process stops instead of retrying forever")
     func fatalProducerError() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("fatal", partitions: 1)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "fatal", partitions: 1)
         _ = try await producer.send(KafkaOutgoingMessage(topic: "fatal", value: Array("before".utf8)))
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await producer.run() }
@@ -25,5 +23,6 @@ struct FatalErrorTests {
         await #expect(throws: KafkaError.self) {
             _ = try await producer.send(KafkaOutgoingMessage(topic: "fatal", value: Array("after".utf8)))
         }
+        withExtendedLifetime(cluster) {}  // the broker stays up until the test ends
     }
 }

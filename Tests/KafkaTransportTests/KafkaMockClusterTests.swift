@@ -11,9 +11,7 @@ import Testing
 @Suite("Kafka against the mock cluster", .timeLimit(.minutes(3)))
 struct KafkaMockClusterTests {
     @Test func produceConsumeRoundTripWithKeysAndHeaders() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("rt", partitions: 3)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "rt", partitions: 3)
 
         var reports: [String: KafkaDeliveryReport] = [:]
         var partitionOfKey: [String: Int32] = [:]
@@ -86,9 +84,7 @@ struct KafkaMockClusterTests {
 
     @Test("records still unfinished when the closing drain runs out of time are counted, for the stop to report")
     func unfinishedAtClose() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("stuck", partitions: 1)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "stuck", partitions: 1)
         for index in 0..<5 {
             try producer.send(KafkaOutgoingMessage(topic: "stuck", key: nil, value: "v\(index)".bytes)) { _ in }
         }
@@ -113,9 +109,7 @@ struct KafkaMockClusterTests {
 
     @Test("a rebalance drain that ran out of time earlier is not reported again by a clean close")
     func earlierDrainTimeoutNotReportedAtClose() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("held", partitions: 2)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "held", partitions: 2)
         for index in 0..<10 {
             try await producer.send(KafkaOutgoingMessage(topic: "held", key: "k\(index)".bytes, value: "v\(index)".bytes))
         }
@@ -149,9 +143,7 @@ struct KafkaMockClusterTests {
 
     @Test("records of a revoking partition its holder will not start are left to the next owner: the drain does not wait for them")
     func unstartedRecordsAreLeftToTheNextOwner() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("handed", partitions: 2)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "handed", partitions: 2)
         for partition in Int32(0)..<2 {
             for index in 0..<5 {
                 try await producer.send(KafkaOutgoingMessage(topic: "handed", partition: partition, key: nil, value: "p\(partition)-\(index)".bytes))
@@ -302,9 +294,7 @@ struct KafkaMockClusterTests {
     }
 
     @Test func pauseStopsFetchingAndResumeContinues() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("pause", partitions: 2)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "pause", partitions: 2)
         let received = ReceivedRecords()
         let consumer = try KafkaConsumer(
             configuration: consumerConfiguration(cluster, group: "pause-group", topics: ["pause"]),
@@ -351,9 +341,7 @@ struct KafkaMockClusterTests {
     /// made rare here; the median of several resumes tells a prompt restart from a sleeping one.
     @Test("after a resume, records flow again at once, not after the broker thread's next wake-up")
     func resumeFetchesPromptly() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("wake", partitions: 2)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "wake", partitions: 2)
         var configuration = consumerConfiguration(cluster, group: "wake-group", topics: ["wake"])
         configuration.sessionTimeout = .milliseconds(10_000)
         configuration.client.properties["heartbeat.interval.ms"] = "3000"
@@ -395,9 +383,7 @@ struct KafkaMockClusterTests {
     /// the group coordinator went away, resumed while it had no partitions, and got the same
     /// partitions back still paused inside librdkafka, so it never fetched from them again.
     @Test func partitionsPausedWhenTheAssignmentIsLostFetchAgainOnceReassigned() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("lost", partitions: 2)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "lost", partitions: 2)
         let received = ReceivedRecords()
         let consumer = try KafkaConsumer(
             configuration: consumerConfiguration(cluster, group: "lost-group", topics: ["lost"]),
@@ -615,9 +601,7 @@ private func lagPartitions(_ registry: PrometheusCollectorRegistry) -> Set<Int32
 extension KafkaMockClusterTests {
     @Test("a record held unfinished is reported as a stall; one parked on purpose (a retry waiting for its time), with a later one finished behind it, is not")
     func parkedRecordIsNoStall() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("parked", partitions: 1)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "parked", partitions: 1)
         try await producer.send(KafkaOutgoingMessage(topic: "parked", key: nil, value: "later".bytes))
         try await producer.send(KafkaOutgoingMessage(topic: "parked", key: nil, value: "due".bytes))
         let registry = PrometheusCollectorRegistry()
@@ -667,9 +651,7 @@ extension KafkaMockClusterTests {
 extension KafkaMockClusterTests {
     @Test("the buffer is bounded in bytes too: large records not taken pause fetching long before the record bound")
     func bufferBoundedInBytes() async throws {
-        let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
-        try cluster.createTopic("large", partitions: 2)
-        let producer = try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger)
+        let (cluster, producer) = try clusterWithProducer(topic: "large", partitions: 2)
         for index in 0..<40 {
             _ = try await producer.send(KafkaOutgoingMessage(topic: "large", partition: Int32(index % 2), value: [UInt8](repeating: UInt8(ascii: "x"), count: 10_000)))
         }

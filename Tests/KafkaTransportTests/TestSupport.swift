@@ -24,6 +24,13 @@ func producerConfiguration(_ cluster: MockKafkaCluster) -> KafkaProducerConfigur
     return configuration
 }
 
+/// A one-broker mock cluster holding `topic`, and a producer on it.
+func clusterWithProducer(topic: String, partitions: Int) throws -> (MockKafkaCluster, KafkaProducer) {
+    let cluster = try MockKafkaCluster(brokers: 1, logger: testLogger)
+    try cluster.createTopic(topic, partitions: partitions)
+    return (cluster, try KafkaProducer(configuration: producerConfiguration(cluster), logger: testLogger))
+}
+
 func consumerConfiguration(_ cluster: MockKafkaCluster, group: String, topics: [String]) -> KafkaConsumerConfiguration {
     var configuration = KafkaConsumerConfiguration(client: clientConfiguration(cluster), groupID: group, topics: topics)
     // The mock cluster's rebalances take about session.timeout.ms - 1 s.
