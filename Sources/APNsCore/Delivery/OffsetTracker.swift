@@ -51,6 +51,11 @@ public struct OffsetTracker: Sendable {
         /// The storable offset last handed out by ``takeStorable()``.
         var lastTaken: Int64?
         var lastDispatched: Int64?
+
+        /// Dispatched and not released.
+        var inFlight: Int { pending.count - head }
+        /// In flight, less those finished early and those left unstarted.
+        var inProgress: Int { inFlight - finishedEarly.count - leftUnstarted.count }
     }
 
     private var partitions: [TopicPartition: PartitionState] = [:]
@@ -183,26 +188,24 @@ public struct OffsetTracker: Sendable {
     /// The number of records of `partition` dispatched and not yet released (including those
     /// finished out of order that still wait). Zero for a partition that is not assigned.
     public func inFlight(_ partition: TopicPartition) -> Int {
-        guard let state = partitions[partition] else { return 0 }
-        return state.pending.count - state.head
+        partitions[partition]?.inFlight ?? 0
     }
 
     /// The records of `partition` being worked on: in flight, less those finished early (they
     /// wait only for earlier records) and those left unstarted. A revocation's drain waits for
     /// these.
     public func inProgress(_ partition: TopicPartition) -> Int {
-        guard let state = partitions[partition] else { return 0 }
-        return state.pending.count - state.head - state.finishedEarly.count - state.leftUnstarted.count
+        partitions[partition]?.inProgress ?? 0
     }
 
     /// The number of records in flight over all partitions.
     public var totalInFlight: Int {
-        partitions.values.reduce(0) { $0 + ($1.pending.count - $1.head) }
+        partitions.values.reduce(0) { $0 + $1.inFlight }
     }
 
     /// ``inProgress(_:)`` over all partitions.
     public var totalInProgress: Int {
-        partitions.values.reduce(0) { $0 + $1.pending.count - $1.head - $1.finishedEarly.count - $1.leftUnstarted.count }
+        partitions.values.reduce(0) { $0 + $1.inProgress }
     }
 
     /// The oldest offset dispatched and not finished, if any: where a restart would begin when
