@@ -178,7 +178,7 @@ public final class APNsSimulator: Sendable {
     public func stop(gracePeriod: Duration = .seconds(2)) async {
         for channel in serverChannels { try? await channel.close() }
         // Connections accepted before the listeners closed may finish their TLS handshake later.
-        context.registry.refuseNew()
+        context.registry.stop()
         await legacy?.stop()
         goAway(reason: APNsReason.shutdown.rawValue)
         let deadline = ContinuousClock.now + gracePeriod

@@ -5,7 +5,6 @@ import Foundation
 import Logging
 import NIOCore
 import NIOSSL
-import Synchronization
 
 /// What every connection of one simulator shares.
 final class SimulatorContext: Sendable {
@@ -36,32 +35,17 @@ final class SimulatorContext: Sendable {
     }
 }
 
-/// The open connections, so that GOAWAY can be sent to all of them (on demand, or at stop).
-final class ConnectionRegistry: Sendable {
-    struct Handle: Sendable {
-        let channel: any Channel
-        let goAway: @Sendable (String) -> Void
-        /// Closes the TCP connection with a reset (RST), below TLS: no close_notify, no GOAWAY.
-        let reset: @Sendable () -> Void
-        /// Closes the connection cleanly: TLS close_notify (on TLS connections), then FIN; no GOAWAY.
-        let closeNotify: @Sendable () -> Void
-    }
+/// The open HTTP/2 connections by number, so that GOAWAY can be sent to all of them (on demand,
+/// or at stop).
+typealias ConnectionRegistry = ConnectionSet<UInt64, ConnectionHandle>
 
-    private let state = Mutex<(handles: [UInt64: Handle], refusing: Bool)>(([:], false))
-
-    /// False once ``refuseNew()`` was called: the simulator is stopping, and the connection (its
-    /// TLS handshake done only now) must close rather than outlive the stop.
-    func add(_ id: UInt64, _ handle: Handle) -> Bool {
-        state.withLock { state in
-            guard !state.refusing else { return false }
-            state.handles[id] = handle
-            return true
-        }
-    }
-
-    func remove(_ id: UInt64) { state.withLock { _ = $0.handles.removeValue(forKey: id) } }
-    var all: [Handle] { state.withLock { Array($0.handles.values) } }
-    func refuseNew() { state.withLock { $0.refusing = true } }
+struct ConnectionHandle: Sendable {
+    let channel: any Channel
+    let goAway: @Sendable (String) -> Void
+    /// Closes the TCP connection with a reset (RST), below TLS: no close_notify, no GOAWAY.
+    let reset: @Sendable () -> Void
+    /// Closes the connection cleanly: TLS close_notify (on TLS connections), then FIN; no GOAWAY.
+    let closeNotify: @Sendable () -> Void
 }
 
 /// How a connection authenticates its requests.
@@ -198,7 +182,7 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         let loopBound = NIOLoopBound(self, eventLoop: channel.eventLoop)
         let eventLoop = channel.eventLoop
         let channel = self.channel
-        let registered = context.registry.add(id, ConnectionRegistry.Handle(
+        let registered = context.registry.add(id, ConnectionHandle(
             channel: channel,
             goAway: { reason in eventLoop.execute { loopBound.value.goAway(reason: reason) } },
             reset: { eventLoop.execute { Self.reset(channel) } },

@@ -127,3 +127,42 @@ final class ConnectionDeadline: ChannelInboundHandler, RemovableChannelHandler {
         context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 }
+
+/// A server's open connections, so that stopping can reach every one. Once stopped it takes no
+/// more: a connection accepted before the stop whose setup finishes after it (a TLS handshake)
+/// is refused, and closes rather than outlive the stop.
+final class ConnectionSet<Key: Hashable & Sendable, Value: Sendable>: Sendable {
+    private let state = Mutex<(values: [Key: Value], stopped: Bool)>(([:], false))
+
+    /// False once stopped: the caller closes the connection.
+    func add(_ key: Key, _ value: Value) -> Bool {
+        state.withLock { state in
+            guard !state.stopped else { return false }
+            state.values[key] = value
+            return true
+        }
+    }
+
+    func remove(_ key: Key) { state.withLock { _ = $0.values.removeValue(forKey: key) } }
+
+    var all: [Value] { state.withLock { Array($0.values.values) } }
+
+    /// Takes no more from now on; returns the connections open.
+    @discardableResult
+    func stop() -> [Value] {
+        state.withLock { state in
+            state.stopped = true
+            return Array(state.values.values)
+        }
+    }
+}
+
+extension ConnectionSet where Key == ObjectIdentifier, Value == any Channel {
+    /// Tracks `channel` until it closes; false once stopped.
+    func open(_ channel: any Channel) -> Bool {
+        let id = ObjectIdentifier(channel)
+        guard add(id, channel) else { return false }
+        channel.closeFuture.whenComplete { _ in self.remove(id) }
+        return true
+    }
+}

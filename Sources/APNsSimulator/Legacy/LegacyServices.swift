@@ -151,7 +151,7 @@ final class LegacyState: Sendable {
     let counts = Mutex(LegacyCounts())
     let logger: Logger
     let output: @Sendable (String) -> Void
-    let connections = OpenConnections()
+    let connections = ConnectionSet<ObjectIdentifier, any Channel>()
 
     init(configuration: LegacyServicesConfiguration, logger: Logger, output: @escaping @Sendable (String) -> Void) {
         self.configuration = configuration
@@ -326,32 +326,4 @@ final class FeedbackHandler: ChannelInboundHandler {
 
 extension String {
     fileprivate var leftPaddedByte: String { count == 1 ? "0" + self : self }
-}
-
-/// The legacy services' accepted connections, so that `stop()` can close them.
-final class OpenConnections: Sendable {
-    private let state = Mutex<(channels: [ObjectIdentifier: any Channel], stopped: Bool)>(([:], false))
-
-    /// Tracks `channel` until it closes; false once stopped (the connection is refused).
-    func open(_ channel: any Channel) -> Bool {
-        let id = ObjectIdentifier(channel)
-        let accepted = state.withLock { state -> Bool in
-            guard !state.stopped else { return false }
-            state.channels[id] = channel
-            return true
-        }
-        if accepted {
-            channel.closeFuture.whenComplete { _ in self.state.withLock { _ = $0.channels.removeValue(forKey: id) } }
-        }
-        return accepted
-    }
-
-    /// Refuses connections from now on; the ones open.
-    func stop() -> [any Channel] {
-        state.withLock { state in
-            state.stopped = true
-            defer { state.channels = [:] }
-            return Array(state.channels.values)
-        }
-    }
 }
