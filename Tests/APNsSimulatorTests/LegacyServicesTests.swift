@@ -3,6 +3,7 @@ import APNsSimulator
 import NIOCore
 import NIOPosix
 import NIOSSL
+import NIOTLS
 import Synchronization
 import Testing
 
@@ -12,6 +13,8 @@ private enum RawClient {
     final class Collector: ChannelInboundHandler, Sendable {
         typealias InboundIn = ByteBuffer
         let received = Mutex<[UInt8]>([])
+        /// Whether a TLS handler before this one completed its handshake.
+        let handshakeCompleted = Mutex(false)
         let closed: EventLoopPromise<Void>
 
         init(closed: EventLoopPromise<Void>) {
@@ -26,6 +29,11 @@ private enum RawClient {
 
         func channelInactive(context: ChannelHandlerContext) {
             closed.succeed(())
+        }
+
+        func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+            if case .handshakeCompleted = event as? TLSUserEvent { handshakeCompleted.withLock { $0 = true } }
+            context.fireUserInboundEventTriggered(event)
         }
 
         func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -288,6 +296,9 @@ struct LegacyServicesTests {
         }
         try await closed.futureResult.get()
         timeout.cancel()
+        // Otherwise the listener's close reset a connection still in its queue, and this test
+        // would pass without checking anything.
+        #expect(collector.handshakeCompleted.withLock { $0 }, "the simulator did not accept the connection within 300 ms, before stop()")
         #expect(!gaveUp.withLock { $0 }, "still open 5 s after the stopped simulator completed its handshake")
     }
 

@@ -185,10 +185,21 @@ extension PushWorkerPipelineTests {
             group.addTask { try await producer.run() }
             group.addTask { try await consumer.run() }
             group.addTask { try await worker.run() }
+            // When APNs answered, seen from here (polled): the stall should count from about then.
+            let answeredAt = Collected<ContinuousClock.Instant>()
+            group.addTask {
+                while simulator.counters.snapshot().totals.answered == 0 { try await Task.sleep(for: .milliseconds(10)) }
+                answeredAt.append(.now)
+            }
             try await waitUntil("the failing publish to be reported", timeout: 30) { worker.publishStalls.problem(longerThan: .zero) != nil }
             // Reported when the worker's own publish failed too, two timeouts after the first send.
             let problem = worker.publishStalls.problem(longerThan: .milliseconds(3800))
             #expect(problem != nil, "\(worker.publishStalls.problem(longerThan: .zero) ?? "")")
+            // However long librdkafka took to report each failure: counted from the answer, the
+            // stall is as old as the time since it (less the polling's lag); counted from the
+            // retry, it would be younger by the whole first report's wait (2 s or more).
+            let sinceAnswer = ContinuousClock.now - (try #require(answeredAt.items.first))
+            #expect(worker.publishStalls.problem(longerThan: sinceAnswer - .milliseconds(700)) != nil, "stall younger than the \(sinceAnswer) since the answer")
             backends.cluster.clearRequestErrors(api: .produce)
             try await waitUntil("the result to be published", timeout: 30) { consumer.storedOffset(TopicPartition(topic: topics.jobs, partition: 0)) == 1 }
             #expect(worker.publishStalls.problem(longerThan: .zero) == nil)
