@@ -152,6 +152,8 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private(set) var hadSuccess = false
     /// 5xx answers since the last other answer (see `retireIfFailingFast`).
     @exclusivity(unchecked) private var serverErrorsInARow = 0
+    /// Sent requests that timed out since the last answer (see `retireIfUnanswering`).
+    @exclusivity(unchecked) private var timeoutsInARow = 0
     /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
     private let successSeen = Atomic<Bool>(false)
     var hadSuccessSnapshot: Bool { successSeen.load(ordering: .relaxed) }
@@ -629,6 +631,7 @@ final class APNsConnection: @unchecked Sendable {
     static let credentialRejectionsToReport = 10
 
     private func retireIfFailingFast(status: Int, reason: APNsReason?) {
+        timeoutsInARow = 0
         if status >= 500 {
             serverErrorsInARow += 1
         } else {
@@ -652,6 +655,23 @@ final class APNsConnection: @unchecked Sendable {
 
     /// See `retireIfFailingFast`: enough that a burst of errors among successes never counts.
     static let serverErrorsToRetire = 100
+
+    /// A connection whose sent requests time out, `timeoutsToRetire` in a row with no answer
+    /// between, is stuck even if it answers PING (a front end alive, its streams not served):
+    /// as its timed-out streams leave it with the most free ones, the pool would keep feeding it,
+    /// and each request would end as a timeout APNs may have processed. Retired, it finishes what
+    /// it has and a replacement connects.
+    private func retireIfUnanswering(timedOut: Int) {
+        timeoutsInARow += timedOut
+        guard timedOut > 0, !unusable, timeoutsInARow >= Self.timeoutsToRetire else { return }
+        logger.warning("APNs answered none of the connection's recent requests; retiring the connection", metadata: [
+            "apns.timeouts_in_a_row": "\(timeoutsInARow)",
+        ])
+        metrics.connectionEvent("retired")
+        becomeUnusable()
+    }
+
+    static let timeoutsToRetire = 20
 
     static func parseBody(_ body: ByteBuffer) -> (APNsReason?, Int64?) {
         guard let value = try? JSONParser.parse(Array(body.readableBytesView)) else { return (nil, nil) }
@@ -847,7 +867,7 @@ final class APNsConnection: @unchecked Sendable {
         guard let session, !closed else { return }
         let now = NIODeadline.now()
         var wrote = false
-        var sentRequestTimedOut = false
+        var sentRequestsTimedOut = 0
         if !streams.isEmpty {
             var expired: [Int32] = []
             var unsentPastSendBy: [Int32] = []
@@ -861,7 +881,7 @@ final class APNsConnection: @unchecked Sendable {
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 let unsent = !session.hasSentHeaders(on: stream)
-                if !unsent { sentRequestTimedOut = true }
+                if !unsent { sentRequestsTimedOut += 1 }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
                 finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: unsent)))
@@ -895,7 +915,7 @@ final class APNsConnection: @unchecked Sendable {
                 return
             }
         } else if ready, now - lastRead > TimeAmount(configuration.pingInterval)
-            || (sentRequestTimedOut && now - lastRead > Self.quietBeforeSuspectPing) {
+            || (sentRequestsTimedOut > 0 && now - lastRead > Self.quietBeforeSuspectPing) {
             // A request that went out and timed out on a connection that has read nothing for a
             // while hints at a dead path (a black hole drops packets without a reset): PING now,
             // rather than after `pingInterval`. Until then the pool keeps handing the dead
@@ -909,6 +929,7 @@ final class APNsConnection: @unchecked Sendable {
                 return
             }
         }
+        retireIfUnanswering(timedOut: sentRequestsTimedOut)
         if wrote { session.flush() }
         closeIfDrained()
         flushCompletions()

@@ -395,8 +395,39 @@ struct ClientIntegrationTests {
             for _ in 0..<99 {
                 #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500)
             }
-            #expect(simulator.counters.snapshot().connectionsOpened == opened, "99 in a row is not yet enough")
+            #expect(!(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened }), "99 in a row is not yet enough")
             #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500)
+            #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
+            try simulator.setFaults(RuntimeFaults.Overrides())
+            #expect(await pool.waitUntilReady())
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
+        }
+    }
+
+    @Test("A connection whose sent requests time out 20 in a row, though it answers PING, is retired; an answer between resets the count")
+    func unansweringConnectionIsRetired() async throws {
+        try await withPool(client: { $0.connections = 1 }) { pool, simulator, _ in
+            #expect(await pool.waitUntilReady())
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
+            let opened = simulator.counters.snapshot().connectionsOpened
+            // Answers come after 30 s: every request below times out on the wire, while the
+            // simulator's HTTP/2 layer still acknowledges the PINGs those timeouts prompt.
+            func timeOut(_ count: Int) async {
+                let outcomes = await withTaskGroup(of: APNsOutcome.self) { group in
+                    for _ in 0..<count { group.addTask { await pool.send(Fixture.notification(), timeout: .milliseconds(300)) } }
+                    return await group.reduce(into: [APNsOutcome]()) { $0.append($1) }
+                }
+                #expect(outcomes.allSatisfy { $0.notAnswered?.kind == .timeout }, "\(outcomes)")
+            }
+            try simulator.setFaults(RuntimeFaults.Overrides(latency: .seconds(30)))
+            await timeOut(19)
+            try simulator.setFaults(RuntimeFaults.Overrides())
+            #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
+            try simulator.setFaults(RuntimeFaults.Overrides(latency: .seconds(30)))
+            await timeOut(19)
+            // A retirement would show as a replacement within moments.
+            #expect(!(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened }), "19 in a row, then an answer, then 19: not enough")
+            await timeOut(1)
             #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
             try simulator.setFaults(RuntimeFaults.Overrides())
             #expect(await pool.waitUntilReady())
