@@ -697,12 +697,47 @@ final class ConsumerCore: @unchecked Sendable {
         }
         if !toStore.isEmpty { storeOffsets(rk, toStore) }
         recordsLeftUnfinished.store(0, ordering: .relaxed)
+        leaveBeforeClosing(rk)
         let error = rd_kafka_consumer_close(rk)
         if error != RD_KAFKA_RESP_ERR_NO_ERROR {
             logger.warning("consumer close reported an error", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
         }
         logger.debug("consumer closed")
         return handle.context.fatalError.withLock { $0 }
+    }
+
+    /// librdkafka 2.0.2 (fixed in 2.4.0) turns any assignment the application makes once close
+    /// has begun into a full unassign. A cooperative rebalance's assign callback still queued
+    /// when the consumer stops would then drop every partition before the final revocation could
+    /// store its offsets (the work finished during the drain is redone by the next owner), and a
+    /// member that owned nothing would never finish closing. Unsubscribing first leaves through
+    /// an ordinary revocation, served here like any other; close then has nothing to revoke.
+    /// Done once the queue has been idle for a poll with nothing assigned; bounded by the drain.
+    private func leaveBeforeClosing(_ rk: OpaquePointer) {
+        let error = rd_kafka_unsubscribe(rk)
+        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            logger.warning("unsubscribing before close failed", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
+            return
+        }
+        let giveUpAt = ContinuousClock.now + configuration.drainTimeout + .seconds(5)
+        while ContinuousClock.now < giveUpAt {
+            // Records still fetched for partitions being revoked are dropped: never started,
+            // their offsets are not stored, and the next owner takes them.
+            guard let message = rd_kafka_consumer_poll(rk, 100) else {
+                if Self.assignmentIsEmpty(rk) { return }
+                continue
+            }
+            if message.pointee.err != RD_KAFKA_RESP_ERR_NO_ERROR { consumerError(message.pointee, rk: rk) }
+            rd_kafka_message_destroy(message)
+        }
+        logger.warning("partitions still assigned after unsubscribing; closing anyway")
+    }
+
+    private static func assignmentIsEmpty(_ rk: OpaquePointer) -> Bool {
+        var list: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?
+        guard rd_kafka_assignment(rk, &list) == RD_KAFKA_RESP_ERR_NO_ERROR, let list else { return true }
+        defer { rd_kafka_topic_partition_list_destroy(list) }
+        return list.pointee.cnt == 0
     }
 
     /// The buffer is full by records or by bytes; the poll loop waits, then pauses fetching.
