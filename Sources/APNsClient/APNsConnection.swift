@@ -152,8 +152,10 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private(set) var hadSuccess = false
     /// 5xx answers since the last other answer (see `retireIfFailingFast`).
     @exclusivity(unchecked) private var serverErrorsInARow = 0
-    /// Sent requests that timed out since the last answer (see `retireIfUnanswering`).
+    /// Sent requests that timed out since the last answer, and when that answer came (see
+    /// `retireIfUnanswering`).
     @exclusivity(unchecked) private var timeoutsInARow = 0
+    @exclusivity(unchecked) private var lastAnswerAt = NIODeadline.now()
     /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
     private let successSeen = Atomic<Bool>(false)
     var hadSuccessSnapshot: Bool { successSeen.load(ordering: .relaxed) }
@@ -612,6 +614,8 @@ final class APNsConnection: @unchecked Sendable {
             credentialRejectionsInARow = 0
         }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
+        timeoutsInARow = 0
+        lastAnswerAt = now
         retireIfFailingFast(status: response.status, reason: reason)
         closeIfDrained()
     }
@@ -631,7 +635,6 @@ final class APNsConnection: @unchecked Sendable {
     static let credentialRejectionsToReport = 10
 
     private func retireIfFailingFast(status: Int, reason: APNsReason?) {
-        timeoutsInARow = 0
         if status >= 500 {
             serverErrorsInARow += 1
         } else {
@@ -657,15 +660,18 @@ final class APNsConnection: @unchecked Sendable {
     static let serverErrorsToRetire = 100
 
     /// A connection whose sent requests time out, `timeoutsToRetire` in a row with no answer
-    /// between, is stuck even if it answers PING (a front end alive, its streams not served):
-    /// as its timed-out streams leave it with the most free ones, the pool would keep feeding it,
-    /// and each request would end as a timeout APNs may have processed. Retired, it finishes what
-    /// it has and a replacement connects.
-    private func retireIfUnanswering(timedOut: Int) {
+    /// for `pingTimeout`, is stuck even if it answers PING (a front end alive, its streams not
+    /// served): as its timed-out streams leave it with the most free ones, the pool would keep
+    /// feeding it, and each request would end as a timeout APNs may have processed. Retired, it
+    /// finishes what it has and a replacement connects. The quiet time keeps a latency spike
+    /// just past a short request timeout from retiring every busy connection at once.
+    private func retireIfUnanswering(timedOut: Int, now: NIODeadline) {
         timeoutsInARow += timedOut
-        guard timedOut > 0, !unusable, timeoutsInARow >= Self.timeoutsToRetire else { return }
+        guard timedOut > 0, !unusable, timeoutsInARow >= Self.timeoutsToRetire,
+            now - lastAnswerAt >= TimeAmount(configuration.pingTimeout)
+        else { return }
         logger.warning("APNs answered none of the connection's recent requests; retiring the connection", metadata: [
-            "apns.timeouts_in_a_row": "\(timeoutsInARow)",
+            "apns.timeouts_in_a_row": "\(timeoutsInARow)", "apns.seconds_since_answer": "\((now - lastAnswerAt).nanoseconds / 1_000_000_000)",
         ])
         metrics.connectionEvent("retired")
         becomeUnusable()
@@ -929,7 +935,7 @@ final class APNsConnection: @unchecked Sendable {
                 return
             }
         }
-        retireIfUnanswering(timedOut: sentRequestsTimedOut)
+        retireIfUnanswering(timedOut: sentRequestsTimedOut, now: now)
         if wrote { session.flush() }
         closeIfDrained()
         flushCompletions()

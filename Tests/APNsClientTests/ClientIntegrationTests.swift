@@ -404,9 +404,12 @@ struct ClientIntegrationTests {
         }
     }
 
-    @Test("A connection whose sent requests time out 20 in a row, though it answers PING, is retired; an answer between resets the count")
+    @Test("A connection whose sent requests time out 20 in a row with no answer for pingTimeout, though it answers PING, is retired; an answer between resets the count")
     func unansweringConnectionIsRetired() async throws {
-        try await withPool(client: { $0.connections = 1 }) { pool, simulator, _ in
+        try await withPool(client: {
+            $0.connections = 1
+            $0.pingTimeout = .seconds(3)
+        }) { pool, simulator, _ in
             #expect(await pool.waitUntilReady())
             #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
             let opened = simulator.counters.snapshot().connectionsOpened
@@ -427,6 +430,10 @@ struct ClientIntegrationTests {
             await timeOut(19)
             // A retirement would show as a replacement within moments.
             #expect(!(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened }), "19 in a row, then an answer, then 19: not enough")
+            await timeOut(1)
+            #expect(!(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened }), "20 in a row, but an answer less than pingTimeout ago")
+            // The PINGs the timeouts bring forward are acknowledged meanwhile.
+            try await Task.sleep(for: .seconds(2))
             await timeOut(1)
             #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
             try simulator.setFaults(RuntimeFaults.Overrides())
