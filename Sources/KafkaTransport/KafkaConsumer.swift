@@ -712,8 +712,16 @@ final class ConsumerCore: @unchecked Sendable {
     /// store its offsets (the work finished during the drain is redone by the next owner), and a
     /// member that owned nothing would never finish closing. Unsubscribing first leaves through
     /// an ordinary revocation, served here like any other; close then has nothing to revoke.
-    /// Done once the queue has been idle for a poll with nothing assigned; bounded by the drain.
+    /// Done once the queue has been idle for a poll with nothing assigned and the group left
+    /// (the member id is cleared as the LeaveGroup goes out, which happens only once the
+    /// revocation's commits are done: closing before that would skip the LeaveGroup, and the
+    /// partitions would wait for the session timeout); bounded by the drain timeout plus 5 s.
+    ///
+    /// Not for a static member (`group.instance.id`): unsubscribing would send the LeaveGroup
+    /// that a static member's close leaves out, so that a restart within the session timeout
+    /// gets its partitions back without a rebalance.
     private func leaveBeforeClosing(_ rk: OpaquePointer) {
+        if let instance = configuration.client.properties["group.instance.id"], !instance.isEmpty { return }
         let error = rd_kafka_unsubscribe(rk)
         guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
             logger.warning("unsubscribing before close failed", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
@@ -724,13 +732,21 @@ final class ConsumerCore: @unchecked Sendable {
             // Records still fetched for partitions being revoked are dropped: never started,
             // their offsets are not stored, and the next owner takes them.
             guard let message = rd_kafka_consumer_poll(rk, 100) else {
-                if Self.assignmentIsEmpty(rk) { return }
+                if Self.assignmentIsEmpty(rk), Self.hasLeftGroup(rk) { return }
                 continue
             }
             if message.pointee.err != RD_KAFKA_RESP_ERR_NO_ERROR { consumerError(message.pointee, rk: rk) }
             rd_kafka_message_destroy(message)
         }
-        logger.warning("partitions still assigned after unsubscribing; closing anyway")
+        logger.warning("the group was not left within the drain timeout after unsubscribing; closing anyway")
+    }
+
+    /// No member id: the LeaveGroup went out (or could not, with no coordinator), or the member
+    /// never joined or lost its membership.
+    private static func hasLeftGroup(_ rk: OpaquePointer) -> Bool {
+        guard let memberID = rd_kafka_memberid(rk) else { return true }
+        defer { rd_kafka_mem_free(rk, memberID) }
+        return memberID.pointee == 0
     }
 
     private static func assignmentIsEmpty(_ rk: OpaquePointer) -> Bool {

@@ -82,6 +82,45 @@ struct KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(10))
     }
 
+    @Test("a member that stops with work in flight drains it, commits it and leaves the group: the other takes over without waiting out the session timeout")
+    func closeLeavesGroup() async throws {
+        let (cluster, producer) = try clusterWithProducer(topic: "handover", partitions: 2)
+        let configuration = consumerConfiguration(cluster, group: "handover-group", topics: ["handover"])
+        let first = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        let second = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        let firstReceived = ReceivedRecords()
+        let secondReceived = ReceivedRecords()
+        try await withTimeout(90, "the handover") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await first.run() }
+                group.addTask { try await second.run() }
+                // The first member finishes each record half a second after taking it: the
+                // close's revocation has work to wait for.
+                group.addTask { await consumeLoop(first, into: firstReceived, finishDelay: .milliseconds(500)) }
+                group.addTask { await consumeLoop(second, into: secondReceived) }
+                try await waitUntil("one partition each") { first.assignment.count == 1 && second.assignment.count == 1 }
+                let partition = try #require(first.assignment.first).partition
+                for index in 0..<5 {
+                    try await producer.send(KafkaOutgoingMessage(topic: "handover", partition: partition, value: "h\(index)".bytes))
+                }
+                try await waitUntil("the first member to take them") { firstReceived.count == 5 }
+                let closedAt = ContinuousClock.now
+                first.close()
+                // With a LeaveGroup, the mock cluster rebalances in about session.timeout.ms - 1 s
+                // (5 s); without one it first waits for the session to expire (6 s more).
+                try await waitUntil("the second member to own both partitions", timeout: 30) { second.assignment.count == 2 }
+                let handover = ContinuousClock.now - closedAt
+                #expect(handover < .milliseconds(8500), "took \(handover): the first member did not leave the group")
+                // Finished during the close's drain and committed: not taken again.
+                try await Task.sleep(for: .seconds(1))
+                #expect(secondReceived.count == 0)
+                second.close()
+                try await group.waitForAll()
+            }
+        }
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
     @Test("records still unfinished when the closing drain runs out of time are counted, for the stop to report")
     func unfinishedAtClose() async throws {
         let (cluster, producer) = try clusterWithProducer(topic: "stuck", partitions: 1)
