@@ -152,10 +152,11 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private(set) var hadSuccess = false
     /// 5xx answers since the last other answer (see `retireIfFailingFast`).
     @exclusivity(unchecked) private var serverErrorsInARow = 0
-    /// Sent requests that timed out since the last answer, and when that answer came (see
-    /// `retireIfUnanswering`).
+    /// Sent requests that timed out since the last answer, when that answer came, and when the
+    /// first of those requests was handed to the session (see `retireIfUnanswering`).
     @exclusivity(unchecked) private var timeoutsInARow = 0
     @exclusivity(unchecked) private var lastAnswerAt = NIODeadline.now()
+    @exclusivity(unchecked) private var firstTimedOutSentAt: NIODeadline?
     /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
     private let successSeen = Atomic<Bool>(false)
     var hadSuccessSnapshot: Bool { successSeen.load(ordering: .relaxed) }
@@ -615,6 +616,7 @@ final class APNsConnection: @unchecked Sendable {
         }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
         timeoutsInARow = 0
+        firstTimedOutSentAt = nil
         lastAnswerAt = now
         retireIfFailingFast(status: response.status, reason: reason)
         closeIfDrained()
@@ -660,18 +662,21 @@ final class APNsConnection: @unchecked Sendable {
     static let serverErrorsToRetire = 100
 
     /// A connection whose sent requests time out, `timeoutsToRetire` in a row with no answer
-    /// for `pingTimeout`, is stuck even if it answers PING (a front end alive, its streams not
-    /// served): as its timed-out streams leave it with the most free ones, the pool would keep
-    /// feeding it, and each request would end as a timeout APNs may have processed. Retired, it
-    /// finishes what it has and a replacement connects. The quiet time keeps a latency spike
-    /// just past a short request timeout from retiring every busy connection at once.
-    private func retireIfUnanswering(timedOut: Int, now: NIODeadline) {
+    /// for `pingTimeout` while they waited, is stuck even if it answers PING (a front end alive,
+    /// its streams not served): as its timed-out streams leave it with the most free ones, the
+    /// pool would keep feeding it, and each request would end as a timeout APNs may have
+    /// processed. Retired, it finishes what it has and a replacement connects. The quiet time
+    /// (counted from the later of the last answer and the first timed-out request's send, so
+    /// that idle time does not count) keeps a latency spike just past a short request timeout
+    /// from retiring every busy connection at once.
+    private func retireIfUnanswering(timedOut: Int, firstSentAt: NIODeadline?, now: NIODeadline) {
+        guard timedOut > 0, let firstSentAt else { return }
         timeoutsInARow += timedOut
-        guard timedOut > 0, !unusable, timeoutsInARow >= Self.timeoutsToRetire,
-            now - lastAnswerAt >= TimeAmount(configuration.pingTimeout)
-        else { return }
+        firstTimedOutSentAt = min(firstTimedOutSentAt ?? firstSentAt, firstSentAt)
+        let quietSince = max(lastAnswerAt, firstTimedOutSentAt ?? firstSentAt)
+        guard !unusable, timeoutsInARow >= Self.timeoutsToRetire, now - quietSince >= TimeAmount(configuration.pingTimeout) else { return }
         logger.warning("APNs answered none of the connection's recent requests; retiring the connection", metadata: [
-            "apns.timeouts_in_a_row": "\(timeoutsInARow)", "apns.seconds_since_answer": "\((now - lastAnswerAt).nanoseconds / 1_000_000_000)",
+            "apns.timeouts_in_a_row": "\(timeoutsInARow)", "apns.seconds_unanswered": "\((now - quietSince).nanoseconds / 1_000_000_000)",
         ])
         metrics.connectionEvent("retired")
         becomeUnusable()
@@ -874,6 +879,7 @@ final class APNsConnection: @unchecked Sendable {
         let now = NIODeadline.now()
         var wrote = false
         var sentRequestsTimedOut = 0
+        var earliestTimedOutSend: NIODeadline?
         if !streams.isEmpty {
             var expired: [Int32] = []
             var unsentPastSendBy: [Int32] = []
@@ -887,7 +893,10 @@ final class APNsConnection: @unchecked Sendable {
             for stream in expired.sorted() {
                 guard let inFlight = streams.removeValue(forKey: stream) else { continue }
                 let unsent = !session.hasSentHeaders(on: stream)
-                if !unsent { sentRequestsTimedOut += 1 }
+                if !unsent {
+                    sentRequestsTimedOut += 1
+                    earliestTimedOutSend = min(earliestTimedOutSend ?? inFlight.sentAt, inFlight.sentAt)
+                }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
                 finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: unsent)))
@@ -935,7 +944,7 @@ final class APNsConnection: @unchecked Sendable {
                 return
             }
         }
-        retireIfUnanswering(timedOut: sentRequestsTimedOut, now: now)
+        retireIfUnanswering(timedOut: sentRequestsTimedOut, firstSentAt: earliestTimedOutSend, now: now)
         if wrote { session.flush() }
         closeIfDrained()
         flushCompletions()

@@ -738,7 +738,7 @@ final class ConsumerCore: @unchecked Sendable {
             if message.pointee.err != RD_KAFKA_RESP_ERR_NO_ERROR { consumerError(message.pointee, rk: rk) }
             rd_kafka_message_destroy(message)
         }
-        logger.warning("the group was not left within the drain timeout after unsubscribing; closing anyway")
+        logger.warning("the revocation or the LeaveGroup did not complete within the drain timeout after unsubscribing; closing anyway")
     }
 
     /// No member id: the LeaveGroup went out (or could not, with no coordinator), or the member

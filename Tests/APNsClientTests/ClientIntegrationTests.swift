@@ -404,7 +404,7 @@ struct ClientIntegrationTests {
         }
     }
 
-    @Test("A connection whose sent requests time out 20 in a row with no answer for pingTimeout, though it answers PING, is retired; an answer between resets the count")
+    @Test("A connection whose sent requests time out 20 in a row, unanswered for pingTimeout, though it answers PING, is retired; an answer resets the count")
     func unansweringConnectionIsRetired() async throws {
         try await withPool(client: {
             $0.connections = 1
@@ -413,8 +413,8 @@ struct ClientIntegrationTests {
             #expect(await pool.waitUntilReady())
             #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
             let opened = simulator.counters.snapshot().connectionsOpened
-            // Answers come after 30 s: every request below times out on the wire, while the
-            // simulator's HTTP/2 layer still acknowledges the PINGs those timeouts prompt.
+            // While the fault is on, answers come after 30 s: every request times out on the
+            // wire, and the simulator's HTTP/2 layer still acknowledges the PINGs they prompt.
             func timeOut(_ count: Int) async {
                 let outcomes = await withTaskGroup(of: APNsOutcome.self) { group in
                     for _ in 0..<count { group.addTask { await pool.send(Fixture.notification(), timeout: .milliseconds(300)) } }
@@ -422,18 +422,26 @@ struct ClientIntegrationTests {
                 }
                 #expect(outcomes.allSatisfy { $0.notAnswered?.kind == .timeout }, "\(outcomes)")
             }
-            try simulator.setFaults(RuntimeFaults.Overrides(latency: .seconds(30)))
-            await timeOut(19)
+            // A retirement shows as a replacement within moments.
+            func stillTheSameConnection() async -> Bool {
+                !(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened })
+            }
+            let slow = RuntimeFaults.Overrides(latency: .seconds(30))
+
+            // Idle for longer than pingTimeout, then a latency spike: the idle time does not count.
+            try await Task.sleep(for: .milliseconds(3500))
+            try simulator.setFaults(slow)
+            await timeOut(20)
+            #expect(await stillTheSameConnection(), "20 in a row after an idle spell, but unanswered for less than pingTimeout")
             try simulator.setFaults(RuntimeFaults.Overrides())
             #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
-            try simulator.setFaults(RuntimeFaults.Overrides(latency: .seconds(30)))
-            await timeOut(19)
-            // A retirement would show as a replacement within moments.
-            #expect(!(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened }), "19 in a row, then an answer, then 19: not enough")
+
+            // 19 over more than pingTimeout: not yet (and not 39, for the answer reset the count).
+            try simulator.setFaults(slow)
             await timeOut(1)
-            #expect(!(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened }), "20 in a row, but an answer less than pingTimeout ago")
-            // The PINGs the timeouts bring forward are acknowledged meanwhile.
-            try await Task.sleep(for: .seconds(2))
+            try await Task.sleep(for: .milliseconds(3500))
+            await timeOut(18)
+            #expect(await stillTheSameConnection(), "19 in a row, unanswered for more than pingTimeout")
             await timeOut(1)
             #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
             try simulator.setFaults(RuntimeFaults.Overrides())
