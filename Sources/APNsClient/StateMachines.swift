@@ -136,7 +136,9 @@ public struct TokenRejectionTracker: Sendable, Hashable {
     public let threshold: Int
     public private(set) var consecutive = 0
     public private(set) var reported = false
-    /// Connections already told to go, so one connection's burst of rejections counts once.
+    /// Connections already told to go, so one connection's burst of rejections counts once; kept
+    /// until they close (a success elsewhere does not clear them: a retiring connection's late
+    /// rejections would count again, against fresh tokens they say nothing about).
     private var replaced: Set<UInt64> = []
 
     public init(threshold: Int) {
@@ -158,7 +160,6 @@ public struct TokenRejectionTracker: Sendable, Hashable {
     public mutating func accepted() {
         consecutive = 0
         reported = false
-        if !replaced.isEmpty { replaced.removeAll() }
     }
 
     public mutating func connectionGone(_ connection: UInt64) {

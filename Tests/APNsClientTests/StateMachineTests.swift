@@ -99,6 +99,13 @@ struct StateMachineTests {
         #expect(!tracker.isFailing && tracker.consecutive == 0)
         let r12 = tracker.rejected(connection: 4)
         #expect(r12 == .replaceConnection)
+        // A connection replaced before the success, still draining, answers its last requests
+        // with the same rejection: it was already told to go, and its token was not a fresh one.
+        #expect(tracker.rejected(connection: 3) == .none)
+        #expect(tracker.consecutive == 1)
+        // Once it closed, its id could only come back as a new connection's.
+        tracker.connectionGone(3)
+        #expect(tracker.rejected(connection: 3) == .replaceConnectionAndReport(consecutive: 2))
     }
 
     @Test("Backoff grows exponentially with jitter, is capped and resets")
