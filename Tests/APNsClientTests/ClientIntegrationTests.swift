@@ -308,14 +308,19 @@ struct ClientIntegrationTests {
             // Idle first: an idle connection checks deadlines only about once a second, and
             // work arriving must bring that back to the usual pace. Sent just after an idle
             // check, the request would wait about a second for the next one without that; with
-            // it, 300 ms. The bound leaves half a second for a loaded host (0.79 s was seen).
-            try await Task.sleep(for: .milliseconds(1020))
-            let start = ContinuousClock.now
-            let outcome = await pool.send(Fixture.notification(), timeout: .milliseconds(300))
-            let elapsed = ContinuousClock.now - start
-            #expect(outcome.notAnswered?.kind == .timeout, "\(outcome)")
-            #expect(elapsed < .milliseconds(850), "cancelled at its deadline, not at an idle connection's next check")
-            #expect(outcome.attemptResult != .answered(status: 200, reason: nil))
+            // it, 300 ms. A loaded host delays the caller's wake-up at random (0.79 and 0.9 s were
+            // seen once each in full runs), the missing speed-up every time: the fastest of three
+            // tries tells them apart.
+            var fastest = Duration.seconds(60)
+            for _ in 0..<3 {
+                try await Task.sleep(for: .milliseconds(1020))
+                let start = ContinuousClock.now
+                let outcome = await pool.send(Fixture.notification(), timeout: .milliseconds(300))
+                fastest = min(fastest, ContinuousClock.now - start)
+                #expect(outcome.notAnswered?.kind == .timeout, "\(outcome)")
+                #expect(outcome.attemptResult != .answered(status: 200, reason: nil))
+            }
+            #expect(fastest < .milliseconds(850), "cancelled at its deadline, not at an idle connection's next check")
             #expect(await waitFor { simulator.counters.snapshot().totals.streamsReset >= 1 }, "RST_STREAM reached the server")
             // Once its latency is over, the simulator finds the stream gone: no answer is sent
             // or counted for it.
