@@ -873,9 +873,10 @@ struct DeadConnectionTests {
         configuration.connections = 2
         // Long enough that the replaced connection has left the proxy before its slot
         // reconnects (otherwise that attempt fails too, and then every slot has failed). 300 ms
-        // was too short once in a cold CI run, with every suite running beside it.
-        configuration.reconnectBackoff.base = .milliseconds(1000)
-        configuration.reconnectBackoff.maximum = .milliseconds(2000)
+        // was too short once in a cold CI run, with every suite running beside it, and 1 s
+        // (0.5-1 s after jitter) once more later.
+        configuration.reconnectBackoff.base = .milliseconds(3000)
+        configuration.reconnectBackoff.maximum = .milliseconds(4000)
         let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
         try await withThrowingTaskGroup(of: Void.self) { group in
             group.addTask { try await pool.run() }
