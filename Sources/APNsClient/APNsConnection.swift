@@ -152,11 +152,15 @@ final class APNsConnection: @unchecked Sendable {
     @exclusivity(unchecked) private(set) var hadSuccess = false
     /// 5xx answers since the last other answer (see `retireIfFailingFast`).
     @exclusivity(unchecked) private var serverErrorsInARow = 0
-    /// Sent requests that timed out since the last answer, when that answer came, and when the
-    /// first of those requests was handed to the session (see `retireIfUnanswering`).
-    @exclusivity(unchecked) private var timeoutsInARow = 0
+    /// Sent requests that timed out since the last answer (nil after an answer), and when that
+    /// answer came (see `retireIfUnanswering`).
+    private struct UnansweredRun {
+        var timeouts: Int
+        /// The later of the last answer and the earliest send among them.
+        var since: NIODeadline
+    }
+    @exclusivity(unchecked) private var unanswered: UnansweredRun?
     @exclusivity(unchecked) private var lastAnswerAt = NIODeadline.now()
-    @exclusivity(unchecked) private var firstTimedOutSentAt: NIODeadline?
     /// Read from other threads after the connection became unusable (a benign race: only a backoff hint).
     private let successSeen = Atomic<Bool>(false)
     var hadSuccessSnapshot: Bool { successSeen.load(ordering: .relaxed) }
@@ -615,8 +619,7 @@ final class APNsConnection: @unchecked Sendable {
             credentialRejectionsInARow = 0
         }
         finish(inFlight.request, .answered(response), tokenAccepted: tokenAccepted)
-        timeoutsInARow = 0
-        firstTimedOutSentAt = nil
+        unanswered = nil
         lastAnswerAt = now
         retireIfFailingFast(status: response.status, reason: reason)
         closeIfDrained()
@@ -669,14 +672,16 @@ final class APNsConnection: @unchecked Sendable {
     /// (counted from the later of the last answer and the first timed-out request's send, so
     /// that idle time does not count) keeps a latency spike just past a short request timeout
     /// from retiring every busy connection at once.
-    private func retireIfUnanswering(timedOut: Int, firstSentAt: NIODeadline?, now: NIODeadline) {
-        guard timedOut > 0, let firstSentAt else { return }
-        timeoutsInARow += timedOut
-        firstTimedOutSentAt = min(firstTimedOutSentAt ?? firstSentAt, firstSentAt)
-        let quietSince = max(lastAnswerAt, firstTimedOutSentAt ?? firstSentAt)
-        guard !unusable, timeoutsInARow >= Self.timeoutsToRetire, now - quietSince >= TimeAmount(configuration.pingTimeout) else { return }
+    private func retireIfUnanswering(timedOut: Int, earliestSentAt: NIODeadline?, now: NIODeadline) {
+        guard let earliestSentAt else { return }
+        let since = max(lastAnswerAt, earliestSentAt)
+        var run = unanswered ?? UnansweredRun(timeouts: 0, since: since)
+        run.timeouts += timedOut
+        run.since = min(run.since, since)
+        unanswered = run
+        guard !unusable, run.timeouts >= Self.timeoutsToRetire, now - run.since >= TimeAmount(configuration.pingTimeout) else { return }
         logger.warning("APNs answered none of the connection's recent requests; retiring the connection", metadata: [
-            "apns.timeouts_in_a_row": "\(timeoutsInARow)", "apns.seconds_unanswered": "\((now - quietSince).nanoseconds / 1_000_000_000)",
+            "apns.timeouts_in_a_row": "\(run.timeouts)", "apns.seconds_unanswered": "\((now - run.since).nanoseconds / 1_000_000_000)",
         ])
         metrics.connectionEvent("retired")
         becomeUnusable()
@@ -944,7 +949,7 @@ final class APNsConnection: @unchecked Sendable {
                 return
             }
         }
-        retireIfUnanswering(timedOut: sentRequestsTimedOut, firstSentAt: earliestTimedOutSend, now: now)
+        retireIfUnanswering(timedOut: sentRequestsTimedOut, earliestSentAt: earliestTimedOutSend, now: now)
         if wrote { session.flush() }
         closeIfDrained()
         flushCompletions()

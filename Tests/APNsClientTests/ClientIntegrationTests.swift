@@ -400,7 +400,7 @@ struct ClientIntegrationTests {
             for _ in 0..<99 {
                 #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500)
             }
-            #expect(!(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened }), "99 in a row is not yet enough")
+            #expect(await noReplacement(on: simulator, openedBefore: opened), "99 in a row is not yet enough")
             #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 500)
             #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
             try simulator.setFaults(RuntimeFaults.Overrides())
@@ -427,17 +427,13 @@ struct ClientIntegrationTests {
                 }
                 #expect(outcomes.allSatisfy { $0.notAnswered?.kind == .timeout }, "\(outcomes)")
             }
-            // A retirement shows as a replacement within moments.
-            func stillTheSameConnection() async -> Bool {
-                !(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened })
-            }
             let slow = RuntimeFaults.Overrides(latency: .seconds(30))
 
             // Idle for longer than pingTimeout, then a latency spike: the idle time does not count.
             try await Task.sleep(for: .milliseconds(3500))
             try simulator.setFaults(slow)
             await timeOut(20)
-            #expect(await stillTheSameConnection(), "20 in a row after an idle spell, but unanswered for less than pingTimeout")
+            #expect(await noReplacement(on: simulator, openedBefore: opened), "20 in a row after an idle spell, but unanswered for less than pingTimeout")
             try simulator.setFaults(RuntimeFaults.Overrides())
             #expect(await pool.send(Fixture.notification(), timeout: .seconds(10)).status == 200)
 
@@ -446,7 +442,7 @@ struct ClientIntegrationTests {
             await timeOut(1)
             try await Task.sleep(for: .milliseconds(3500))
             await timeOut(18)
-            #expect(await stillTheSameConnection(), "19 in a row, unanswered for more than pingTimeout")
+            #expect(await noReplacement(on: simulator, openedBefore: opened), "19 in a row, unanswered for more than pingTimeout")
             await timeOut(1)
             #expect(await waitFor { simulator.counters.snapshot().connectionsOpened > opened }, "a replacement connection")
             try simulator.setFaults(RuntimeFaults.Overrides())
@@ -652,6 +648,12 @@ struct ClientIntegrationTests {
 }
 
 /// Polls `condition` for up to `timeout`.
+/// True when no connection beyond the first `opened` reached `simulator` within a second: a
+/// retired connection's replacement connects within moments.
+func noReplacement(on simulator: APNsSimulator, openedBefore opened: Int) async -> Bool {
+    !(await waitFor(timeout: .seconds(1)) { simulator.counters.snapshot().connectionsOpened > opened })
+}
+
 func waitFor(timeout: Duration = .seconds(10), _ condition: @Sendable () -> Bool) async -> Bool {
     let end = ContinuousClock.now + timeout
     while ContinuousClock.now < end {
