@@ -55,9 +55,11 @@ public final class KafkaConsumer: Service, Sendable {
             throw KafkaError(code: .invalidArgument, message: "maxBatchSize, bufferCapacity and bufferCapacityBytes must be positive")
         }
         let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil, onLoss: onLoss)
-        let context = ClientContext(logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metrics) { rk, error, list in
-            core.rebalance(rk, error, list)
-        }
+        let context = ClientContext(
+            logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metrics,
+            rebalance: { rk, error, list in core.rebalance(rk, error, list) },
+            committed: { error, offsets in core.commitCompleted(error, offsets) }
+        )
         let handle = try RDKafkaHandle(
             type: RD_KAFKA_CONSUMER,
             properties: configuration.rdKafkaProperties(),
@@ -67,6 +69,11 @@ public final class KafkaConsumer: Service, Sendable {
                 guard let rk, let list, let context = ClientContext.from(rk) else { return }
                 context.groupSynced.store(true, ordering: .releasing)
                 context.rebalance?(rk, error, list)
+            }
+            // Setting it replaces librdkafka's own COMMITFAIL warning: the core logs instead, and
+            // remembers the outcome for the stop's last line.
+            rd_kafka_conf_set_offset_commit_cb(conf) { rk, error, offsets, _ in
+                ClientContext.from(rk)?.committed?(error, offsets)
             }
         }
         // Serve logs, errors and statistics from the consumer queue, on the polling thread.
@@ -159,6 +166,12 @@ public final class KafkaConsumer: Service, Sendable {
     /// earlier was logged then; its records do not count here, or a clean stop hours later
     /// would report them again.)
     public var recordsLeftUnfinished: Int { core.recordsLeftUnfinished.load(ordering: .relaxed) }
+
+    /// Why the latest offset commit failed (an error name, and how many partitions), or nil if
+    /// it succeeded or none has completed. What finished since the last successful commit is
+    /// redone by the group if this member stops or loses its partitions now; a stopping worker
+    /// reports it.
+    public var lastCommitFailure: String? { core.lastCommitFailure.withLock { $0 } }
 
     /// The assigned partitions librdkafka is currently not fetching: those paused by the caller,
     /// or all of them while the buffer is full.
@@ -325,6 +338,10 @@ final class ConsumerCore: @unchecked Sendable {
     /// Revocations draining: completions then also wake them.
     private let draining = Atomic<Int>(0)
     let recordsLeftUnfinished = Atomic<Int>(0)
+    /// See ``KafkaConsumer/lastCommitFailure``. Written on the polling thread.
+    let lastCommitFailure = Mutex<String?>(nil)
+    private let commitsSucceeded: Counter
+    private let commitsFailed: Counter
 
     // MARK: polling thread only
     private var epochs: [TopicPartition: UInt64] = [:]
@@ -351,6 +368,8 @@ final class ConsumerCore: @unchecked Sendable {
         self.configuration = configuration
         self.metrics = configuration.client.metrics
         self.stalls = Counter(label: "kafka.consumer.stalls", dimensions: [("client", configuration.client.clientID)], factory: configuration.client.metrics)
+        self.commitsSucceeded = Counter(label: "kafka.consumer.commits", dimensions: [("client", configuration.client.clientID), ("result", "committed")], factory: configuration.client.metrics)
+        self.commitsFailed = Counter(label: "kafka.consumer.commits", dimensions: [("client", configuration.client.clientID), ("result", "failed")], factory: configuration.client.metrics)
         self.logger = logger
         self.hasRevocationHandler = hasRevocationHandler
         self.onLoss = onLoss
@@ -704,6 +723,53 @@ final class ConsumerCore: @unchecked Sendable {
         }
         logger.debug("consumer closed")
         return handle.context.fatalError.withLock { $0 }
+    }
+
+    /// An offset commit completed (an automatic one, or the revocation's at close). Only the
+    /// first failure in a row is a warning: with the coordinator away, commits fail every
+    /// `commitInterval` until it is back, and one line says so.
+    func commitCompleted(_ error: rd_kafka_resp_err_t, _ offsets: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?) {
+        // Nothing stored since the last commit: no request was sent.
+        if error == RD_KAFKA_RESP_ERR__NO_OFFSET { return }
+        var total = 0
+        var failed: [(partition: String, error: rd_kafka_resp_err_t)] = []
+        if let offsets, let elements = offsets.pointee.elems {
+            for element in UnsafeBufferPointer(start: elements, count: Int(offsets.pointee.cnt)) where element.offset >= 0 {
+                total += 1
+                let partitionError = element.err != RD_KAFKA_RESP_ERR_NO_ERROR ? element.err : error
+                guard partitionError != RD_KAFKA_RESP_ERR_NO_ERROR else { continue }
+                let topic = element.topic.map { String(cString: $0) } ?? "?"
+                failed.append(("\(topic)[\(element.partition)]", partitionError))
+            }
+        }
+        if failed.isEmpty, error != RD_KAFKA_RESP_ERR_NO_ERROR {
+            failed.append(("all", error))
+        }
+        guard let first = failed.first else {
+            commitsSucceeded.increment()
+            let recovered = lastCommitFailure.withLock { failure in
+                defer { failure = nil }
+                return failure != nil
+            }
+            if recovered { logger.info("offset commits succeed again") }
+            return
+        }
+        commitsFailed.increment()
+        let name = KafkaError.errorName(first.error)
+        let description = total > 0 ? "\(name) for \(failed.count) of \(total) partitions" : name
+        let firstInARow = lastCommitFailure.withLock { failure in
+            defer { failure = description }
+            return failure == nil
+        }
+        let metadata: Logger.Metadata = [
+            "kafka.error": "\(description)",
+            "kafka.partitions": "\(failed.prefix(8).map(\.partition).joined(separator: ","))",
+        ]
+        if firstInARow {
+            logger.warning("committing offsets failed; until a commit succeeds, a stop or a rebalance hands out again what finished since the last one", metadata: metadata)
+        } else {
+            logger.debug("committing offsets failed again", metadata: metadata)
+        }
     }
 
     /// librdkafka 2.0.2 (fixed in 2.4.0) turns any assignment the application makes once close

@@ -11,6 +11,9 @@ final class ClientContext: Sendable {
     let clientID: String
     /// Called on the polling thread, inside `rd_kafka_consumer_poll` or `rd_kafka_consumer_close`.
     let rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
+    /// A consumer's: an offset commit completed (its result and offsets). Called on the polling
+    /// thread, like `rebalance`.
+    let committed: (@Sendable (rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?) -> Void)?
     let delivered: Counter
     let deliveryFailed: Counter
     let consumed: Counter
@@ -35,11 +38,13 @@ final class ClientContext: Sendable {
         logger: Logger,
         clientID: String,
         metrics: any MetricsFactory = MetricsSystem.factory,
-        rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)? = nil
+        rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)? = nil,
+        committed: (@Sendable (rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?) -> Void)? = nil
     ) {
         self.logger = logger
         self.clientID = clientID
         self.rebalance = rebalance
+        self.committed = committed
         self.metrics = metrics
         self.delivered = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "delivered")], factory: metrics)
         self.deliveryFailed = Counter(label: "kafka.producer.messages", dimensions: [("client", clientID), ("result", "failed")], factory: metrics)

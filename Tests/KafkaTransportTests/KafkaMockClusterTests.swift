@@ -121,6 +121,39 @@ struct KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(5))
     }
 
+    @Test("a failed offset commit is reported until one succeeds, and the close's own commit counts too")
+    func commitFailuresAreReported() async throws {
+        let (cluster, producer) = try clusterWithProducer(topic: "commits", partitions: 1)
+        let configuration = consumerConfiguration(cluster, group: "commits-group", topics: ["commits"])
+        let consumer = try KafkaConsumer(configuration: configuration, logger: testLogger)
+        let received = ReceivedRecords()
+        let offsetMetadataTooLarge = try #require(KafkaErrorCodes.code(named: "OFFSET_METADATA_TOO_LARGE"))
+        try await withTimeout(60, "the commits") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await consumer.run() }
+                group.addTask { await consumeLoop(consumer, into: received) }
+                try await waitUntil("the partition to be assigned") { consumer.assignment.count == 1 }
+                // Refused for good (librdkafka does not retry it): the next commit must carry it.
+                cluster.pushRequestErrors(api: .offsetCommit, errors: [offsetMetadataTooLarge])
+                try await producer.send(KafkaOutgoingMessage(topic: "commits", value: "first".bytes))
+                try await waitUntil("the failure to be reported") { consumer.lastCommitFailure != nil }
+                #expect(consumer.lastCommitFailure == "OFFSET_METADATA_TOO_LARGE for 1 of 1 partitions")
+                // The next automatic commit (200 ms) sends the same offset again, and succeeds.
+                try await waitUntil("a commit to succeed") { consumer.lastCommitFailure == nil }
+
+                // From here every commit fails, the close's revocation's among them.
+                cluster.pushRequestErrors(api: .offsetCommit, errors: Array(repeating: offsetMetadataTooLarge, count: 100))
+                try await producer.send(KafkaOutgoingMessage(topic: "commits", value: "second".bytes))
+                try await waitUntil("the second record to be finished") { received.count == 2 && consumer.inFlight == 0 }
+                consumer.close()
+                try await group.waitForAll()
+            }
+        }
+        #expect(consumer.lastCommitFailure?.hasPrefix("OFFSET_METADATA_TOO_LARGE") == true, "the close's commit failed, and the stop must be able to say so")
+        cluster.clearRequestErrors(api: .offsetCommit)
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+
     @Test("records still unfinished when the closing drain runs out of time are counted, for the stop to report")
     func unfinishedAtClose() async throws {
         let (cluster, producer) = try clusterWithProducer(topic: "stuck", partitions: 1)

@@ -66,7 +66,7 @@ struct FeedbackCommand: AsyncParsableCommand {
         await process.run([producer, admin, worker, consumer])
         let lost = worker.eventsLost
         process.exitStopped(
-            lost > 0 ? "feedback worker stopped" : "feedback worker stopped: events flushed", unfinished: consumer.recordsLeftUnfinished,
+            lost > 0 ? "feedback worker stopped" : "feedback worker stopped: events flushed", unfinished: consumer.recordsLeftUnfinished, commitFailure: consumer.lastCommitFailure,
             lost: lost > 0 ? "\(lost) token events read from a legacy feedback service, which forgets what it hands out, were never published (see the error above)" : nil
         )
     }

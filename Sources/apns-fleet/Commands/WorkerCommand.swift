@@ -92,7 +92,7 @@ struct WorkerCommand: AsyncParsableCommand {
         // Shutdown runs in reverse order: the consumer stops first (ending the worker's input),
         // the worker finishes in-flight work, then the APNs connections close and the producer flushes.
         await process.run([producer, clients, legacy, admin, worker, consumer])
-        process.exitStopped("worker stopped: results flushed", unfinished: consumer.recordsLeftUnfinished)
+        process.exitStopped("worker stopped: results flushed", unfinished: consumer.recordsLeftUnfinished, commitFailure: consumer.lastCommitFailure)
     }
 }
 

@@ -114,8 +114,10 @@ struct FleetProcess {
     /// has been seen to stall here, and a stopping pod must not hang.
     ///
     /// `lost` names what the stop lost for good (nothing redoes it): then the line is an error
-    /// and the status 1.
-    func exitStopped(_ stopped: String, unfinished: Int, lost: String? = nil) -> Never {
+    /// and the status 1. `commitFailure` is why the consumer's last offset commit failed, if it
+    /// did: the group then redoes what finished since the last successful one (duplicates, so a
+    /// warning and still status 0).
+    func exitStopped(_ stopped: String, unfinished: Int, commitFailure: String?, lost: String? = nil) -> Never {
         if let lost {
             logger.error("\(stopped), group left; lost: \(lost)", metadata: ["kafka.unfinished": "\(unfinished)"])
             fflush(nil)
@@ -123,6 +125,8 @@ struct FleetProcess {
         }
         if unfinished > 0 {
             logger.warning("\(stopped), group left; the drain ran out of time, so the group redoes the unfinished records", metadata: ["kafka.unfinished": "\(unfinished)"])
+        } else if let commitFailure {
+            logger.warning("\(stopped), group left; the last offset commit failed, so the group redoes what finished since the last successful one", metadata: ["kafka.error": "\(commitFailure)"])
         } else {
             logger.info("\(stopped), offsets stored, group left")
         }
