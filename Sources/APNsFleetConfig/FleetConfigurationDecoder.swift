@@ -54,9 +54,12 @@ struct FleetConfigurationDecoder {
             drainTimeoutSeconds: try double("worker.drain-timeout-seconds", default: 25, range: 0...3600),
             requestTimeoutSeconds: try double("worker.request-timeout-seconds", default: 10, range: 0.1...600)
         )
+        let maxAttempts = try int("retry.max-attempts", default: 12, range: 1...1000)
         configuration.retry = RetryPolicy(
-            inProcessAttempts: try int("retry.in-process-attempts", default: 3, range: 1...100),
-            maxAttempts: try int("retry.max-attempts", default: 12, range: 1...1000),
+            // Unset, it follows a lower max-attempts down: `retry.max-attempts: 1` (no retries) must
+            // not be refused over a default the user never wrote.
+            inProcessAttempts: try int("retry.in-process-attempts", default: min(3, maxAttempts), range: 1...100),
+            maxAttempts: maxAttempts,
             baseDelayMilliseconds: try int("retry.base-delay-ms", default: 100, range: 1...3_600_000),
             maxDelayMilliseconds: try int("retry.max-delay-ms", default: 60_000, range: 1...86_400_000)
         )
@@ -394,8 +397,9 @@ struct FleetConfigurationDecoder {
     /// A topic listed in one app's `topics` routes jobs that name no app there; if another app
     /// lists it too, or has it as its default `topic`, which app gets the job would depend on
     /// the order of `apps`. (Two apps may share a default topic: a production and a sandbox
-    /// credential set for one bundle; their jobs name the app. An app listing its own default
-    /// topic again claims nothing more.)
+    /// credential set for one bundle; their jobs name the app, or go to `default-app` if it is one of
+    /// them, see `FleetConfiguration.appIndex(for:)`. An app listing its own default topic again
+    /// claims nothing more.)
     private func checkTopicRouting(_ apps: [AppConfiguration]) throws(ConfigurationError) {
         for app in apps {
             for topic in app.topics where topic != app.defaults.topic {

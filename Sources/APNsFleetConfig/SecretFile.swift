@@ -26,11 +26,14 @@ public enum SecretFile {
         guard data.count <= maximumBytes else {
             throw ConfigurationError(key: key, "\(path) is larger than \(maximumBytes / 1024) KiB; a password file holds one line")
         }
-        guard var text = String(data: data, encoding: .utf8) else {
+        // One line end, as an editor leaves it: "\n" or "\r\n". On bytes: a String sees "\r\n" as
+        // one character, which ends neither with "\n" nor with "\r".
+        var bytes = data[...]
+        if bytes.last == UInt8(ascii: "\n") { bytes.removeLast() }
+        if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
+        guard let text = String(data: bytes, encoding: .utf8) else {
             throw ConfigurationError(key: key, "\(path) is not UTF-8 text")
         }
-        if text.hasSuffix("\n") { text.removeLast() }
-        if text.hasSuffix("\r") { text.removeLast() }
         guard !text.isEmpty else { throw ConfigurationError(key: key, "\(path) is empty") }
         return Secret(text, file: path)
     }

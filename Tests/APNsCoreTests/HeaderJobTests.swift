@@ -183,4 +183,28 @@ struct ResolutionTests {
             try fleet.app(for: job(#","app":"three""#))
         }
     }
+
+    @Test("a topic two apps share (production and sandbox) goes to the default app if it is one of them, never by the order of apps")
+    func sharedTopicSelection() throws {
+        let key = AppConfiguration.Authentication.token(keyFile: "/k.p8", keyID: "ABC123DEFG", teamID: "DEF123GHIJ")
+        let apps = [
+            AppConfiguration(name: "prod", authentication: key, defaults: JobDefaults(topic: "com.shared")),
+            AppConfiguration(name: "sandbox", authentication: key, defaults: JobDefaults(topic: "com.shared")),
+            AppConfiguration(name: "other", authentication: key, defaults: JobDefaults(topic: "com.other")),
+        ]
+        func job(_ extra: String) throws -> NotificationJob {
+            try JobDecoder().decodeEnvelope(Array(#"{"token":"\#(tokenA)","payload":{}\#(extra)}"#.utf8))
+        }
+        let shared = try job(#","topic":"com.shared""#)
+        let voip = try job(#","topic":"com.shared.voip","push_type":"voip""#)
+        #expect(try FleetConfiguration(apps: apps, defaultApp: "sandbox").app(for: shared).name == "sandbox")
+        #expect(try FleetConfiguration(apps: apps, defaultApp: "prod").app(for: shared).name == "prod")
+        #expect(try FleetConfiguration(apps: apps, defaultApp: "sandbox").app(for: voip).name == "sandbox", "a topic derived from the shared bundle")
+        let ambiguous = "topic \"com.shared\" belongs to apps prod, sandbox, and the job names none of them; give the job's app, or make one of them default-app"
+        #expect(throws: JobRejection(field: "app", ambiguous)) { try FleetConfiguration(apps: apps, defaultApp: "other").app(for: shared) }
+        #expect(throws: JobRejection(field: "app", ambiguous)) { try FleetConfiguration(apps: apps).app(for: shared) }
+        // Naming the app, or a topic only one app has, needs no default.
+        #expect(try FleetConfiguration(apps: apps).app(for: job(#","topic":"com.shared","app":"sandbox""#)).name == "sandbox")
+        #expect(try FleetConfiguration(apps: apps).app(for: job(#","topic":"com.other""#)).name == "other")
+    }
 }

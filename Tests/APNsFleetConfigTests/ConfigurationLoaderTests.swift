@@ -89,6 +89,20 @@ struct ConfigurationLoaderTests {
         #expect(configuration.retry.maxAttempts == 5)
     }
 
+    @Test("retries turned off with retry.max-attempts alone: the unset in-process attempts follow it down")
+    func maxAttemptsAloneLowersInProcessAttempts() async throws {
+        for (maxAttempts, inProcess) in [(1, 1), (2, 2), (3, 3), (12, 3)] {
+            let configuration = try await ConfigurationLoader(environment: ["APNS_FLEET_RETRY_MAX_ATTEMPTS": "\(maxAttempts)"]).load()
+            #expect(configuration.retry.maxAttempts == maxAttempts)
+            #expect(configuration.retry.inProcessAttempts == inProcess, "max-attempts \(maxAttempts)")
+        }
+        // Set both, the user's own in-process attempts still must fit.
+        let error = await #expect(throws: ConfigurationError.self) {
+            try await ConfigurationLoader(environment: ["APNS_FLEET_RETRY_MAX_ATTEMPTS": "1", "APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "2"]).load()
+        }
+        #expect(error?.description == "configuration key 'retry.in-process-attempts' (from APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS): is larger than retry.max-attempts (1)")
+    }
+
     @Test("a legacy endpoint is host:port, or [IPv6 address]:port without the brackets in the host")
     func legacyEndpoints() async throws {
         let app = ["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ"]
@@ -377,6 +391,18 @@ struct ConfigurationLoaderTests {
             "APNS_FLEET_KAFKA_SASL_PASSWORD_FILE": path,
         ]).load()
         #expect(configuration.kafka.saslPassword?.revealed == "from-file")
+
+        // One line end goes, whichever an editor wrote; anything else is the password's own.
+        for (contents, password) in [("crlf\r\n", "crlf"), ("cr\r", "cr"), ("two\n\n", "two\n"), (" spaced ", " spaced ")] {
+            let path = try temporaryFile("sasl-line-end", contents)
+            let loaded = try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SASL_PASSWORD_FILE": path]).load()
+            #expect(loaded.kafka.saslPassword?.revealed == password, "from \(contents.debugDescription)")
+        }
+        let onlyLineEnd = try temporaryFile("sasl-empty", "\r\n")
+        let empty = await #expect(throws: ConfigurationError.self) {
+            try await ConfigurationLoader(environment: ["APNS_FLEET_KAFKA_SASL_PASSWORD_FILE": onlyLineEnd]).load()
+        }
+        #expect(empty?.problem.hasSuffix("is empty") == true, "\(String(describing: empty))")
 
         // A path mistyped to something large is refused before it is read whole.
         for (large, problem) in [

@@ -65,6 +65,22 @@ public struct FleetConfiguration: Sendable {
         apps[try appIndex(for: job)]
     }
 
+    /// The one app `matches` picks for `topic`. Several match when apps share a bundle (a
+    /// production and a sandbox credential set): then the default app if it is one of them, as
+    /// the order of `apps` must not decide where a job goes (a sandbox token sent to production
+    /// is answered BadDeviceToken, and the token is invalidated); else the job must name its app.
+    private func onlyApp(for topic: String, where matches: (AppConfiguration) -> Bool) throws(JobRejection) -> Int? {
+        var found: Int?
+        var others: [String] = []
+        for index in apps.indices where matches(apps[index]) {
+            if found == nil { found = index } else { others.append(apps[index].name) }
+        }
+        guard let first = found, !others.isEmpty else { return found }
+        if let name = defaultApp, let index = appIndex(named: name), index == first || others.contains(name) { return index }
+        let names = ([apps[first].name] + others).joined(separator: ", ")
+        throw JobRejection(field: "app", "topic \(JobRules.quoted(JobRules.clip(topic))) belongs to apps \(names), and the job names none of them; give the job's app, or make one of them default-app")
+    }
+
     /// Whether `topic` is `app`'s own with the suffix the job's push type needs
     /// (`com.example.app.voip` for a VoIP job of `com.example.app`): the topic its jobs get when
     /// they state none.
@@ -86,8 +102,8 @@ public struct FleetConfiguration: Sendable {
         if let topic = job.topic {
             // A topic an app names outright wins over one only derived from another's bundle id
             // (a VoIP certificate's own `com.x.voip` app beside the `com.x` app).
-            if let index = apps.firstIndex(where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) { return index }
-            if let index = apps.firstIndex(where: { Self.app($0, derives: topic, pushType: job.pushType) }) { return index }
+            if let index = try onlyApp(for: topic, where: { $0.topics.contains(topic) || $0.defaults.topic == topic }) { return index }
+            if let index = try onlyApp(for: topic, where: { Self.app($0, derives: topic, pushType: job.pushType) }) { return index }
         }
         if let name = defaultApp ?? (apps.count == 1 ? apps.first?.name : nil), let index = appIndex(named: name) {
             return index
