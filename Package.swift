@@ -355,7 +355,7 @@ let package = Package(
         ),
         .testTarget(
             name: "APNsFleetConfigTests",
-            dependencies: ["APNsFleetConfig", "APNsCore"],
+            dependencies: ["APNsFleetConfig", "APNsCore", .product(name: "Configuration", package: "swift-configuration")],
             swiftSettings: strictSettings
         ),
         // Reliability: kills, Kafka faults and APNs faults against real processes, "nothing lost"

@@ -36,6 +36,9 @@ public struct ConfigurationLoader: Sendable {
     public var environment: [String: String]
     /// `key=value` pairs from the command line.
     public var overrides: [String]
+    /// Hears of every key read, besides the library's own `CONFIG_ACCESS_LOG_FILE` log. Values
+    /// reach it marked secret, so a well-behaved reporter writes none of them.
+    public var accessReporter: (any AccessReporter)?
 
     public init(filePath: String? = nil, environment: [String: String] = [:], overrides: [String] = []) {
         self.filePath = filePath
@@ -139,11 +142,14 @@ public struct ConfigurationLoader: Sendable {
 
         if let filePath {
             let lower = filePath.lowercased()
+            // Every value counts as secret, as in the environment providers above: the library's
+            // access log (CONFIG_ACCESS_LOG_FILE) then writes none of them, so a password or a
+            // `kafka.properties` entry holding one never reaches it in clear.
             do {
                 if lower.hasSuffix(".yaml") || lower.hasSuffix(".yml") {
-                    providers.append(try await FileProvider<YAMLSnapshot>(filePath: FilePath(filePath)))
+                    providers.append(try await FileProvider<YAMLSnapshot>(parsingOptions: .init(secretsSpecifier: .all), filePath: FilePath(filePath)))
                 } else if lower.hasSuffix(".json") {
-                    providers.append(try await FileProvider<JSONSnapshot>(filePath: FilePath(filePath)))
+                    providers.append(try await FileProvider<JSONSnapshot>(parsingOptions: .init(secretsSpecifier: .all), filePath: FilePath(filePath)))
                 } else {
                     throw ConfigurationError(key: nil, "config file \(filePath) must end in .yaml, .yml or .json")
                 }
@@ -153,6 +159,6 @@ public struct ConfigurationLoader: Sendable {
                 throw ConfigurationError(key: nil, "cannot read config file \(filePath): \(ConfigFileProblem.describe(error, path: filePath))")
             }
         }
-        return ConfigReader(providers: providers)
+        return ConfigReader(providers: providers, accessReporter: accessReporter)
     }
 }

@@ -20,6 +20,11 @@ public enum SecurityWarnings {
         if !kafka.securityProtocol.usesSASL, kafka.saslMechanism != nil || kafka.saslUsername != nil || kafka.saslPassword != nil {
             warnings.append("kafka.sasl.* is set but kafka.security-protocol is \(protocolName), which does not use SASL: those settings are ignored (did you mean sasl_plaintext or sasl_ssl?)")
         }
+        // PLAIN sends the password itself; without TLS, anyone on the path to a broker reads it.
+        let brokerHosts = kafka.bootstrapServers.split(separator: ",").map { Self.host(ofBroker: String($0)) }
+        if kafka.securityProtocol == .saslPlaintext, kafka.saslMechanism == .plain, !brokerHosts.allSatisfy(isLoopback) {
+            warnings.append("kafka.security-protocol is sasl_plaintext with kafka.sasl.mechanism PLAIN: the SASL password crosses the network in clear; use sasl_ssl, or a SCRAM mechanism")
+        }
         return warnings
     }
 
@@ -38,6 +43,14 @@ public enum SecurityWarnings {
             }
         }
         return warnings
+    }
+
+    /// `host` of a `host:port` bootstrap entry (`[v6]:port` too), spaces trimmed.
+    static func host(ofBroker entry: String) -> String {
+        let trimmed = entry.trimmingSpaces
+        if trimmed.hasPrefix("["), let end = trimmed.firstIndex(of: "]") { return String(trimmed[trimmed.index(after: trimmed.startIndex)..<end]) }
+        guard let colon = trimmed.lastIndex(of: ":") else { return trimmed }
+        return String(trimmed[..<colon])
     }
 
     static func isLoopback(_ host: String) -> Bool {

@@ -1,6 +1,8 @@
 import APNsCore
 import APNsFleetConfig
+import Configuration
 import Foundation
+import Synchronization
 import Testing
 
 private func temporaryFile(_ name: String, _ contents: String, mode: Int = 0o600) throws -> String {
@@ -384,6 +386,30 @@ struct ConfigurationLoaderTests {
         }
     }
 
+    @Test("every value the configuration library's access log sees is marked secret: from the file as from the environment")
+    func accessLogGetsOnlySecrets() async throws {
+        let file = try temporaryFile("fleet.yaml", """
+            kafka:
+              properties: [sasl.oauthbearer.client.secret=FILE-SECRET-1, ssl.keystore.password=FILE-SECRET-2]
+              sasl:
+                password: FILE-SECRET-3
+            worker:
+              max-in-flight: 500
+            """)
+        let events = RecordedAccesses()
+        var loader = ConfigurationLoader(filePath: file, environment: ["APNS_FLEET_KAFKA_SSL_KEY_PASSWORD": "ENV-SECRET-4"])
+        loader.accessReporter = events
+        let configuration = try await loader.load()
+        #expect(configuration.kafka.saslPassword?.revealed == "FILE-SECRET-3")
+        let found = events.found
+        // The reads happened and found the values: the check below is not about an empty log.
+        for key in ["kafka.properties", "kafka.sasl.password", "kafka.ssl.key-password", "worker.max-in-flight"] {
+            #expect(found.contains { $0.key == key }, "no read of \(key) reached the reporter")
+        }
+        // The library's own reporters (CONFIG_ACCESS_LOG_FILE) write a secret value as redacted.
+        #expect(found.filter { !$0.isSecret }.map(\.key) == [])
+    }
+
     @Test("a SASL password can come from a file")
     func passwordFile() async throws {
         let path = try temporaryFile("sasl", "from-file\n")
@@ -553,6 +579,15 @@ struct ConfigurationLoaderTests {
         let ignored = SecurityWarnings.all(for: unused)
         #expect(ignored.count == 1 && ignored[0].hasPrefix("kafka.sasl.* is set but kafka.security-protocol is plaintext"), "\(ignored)")
         #expect(!ignored.joined().contains("pw-not-shown"))
+        // PLAIN without TLS sends the password in clear, unless every broker is on this machine.
+        let sasl = ["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "sasl_plaintext", "APNS_FLEET_KAFKA_SASL_MECHANISM": "PLAIN",
+                    "APNS_FLEET_KAFKA_SASL_USERNAME": "fleet", "APNS_FLEET_KAFKA_SASL_PASSWORD": "pw-not-shown"]
+        let remote = try await ConfigurationLoader(environment: sasl.merging(["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092,kafka-1.internal:9092"]) { $1 }).load()
+        #expect(SecurityWarnings.all(for: remote) == ["kafka.security-protocol is sasl_plaintext with kafka.sasl.mechanism PLAIN: the SASL password crosses the network in clear; use sasl_ssl, or a SCRAM mechanism"])
+        let local = try await ConfigurationLoader(environment: sasl.merging(["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092,[::1]:9093,localhost:9094"]) { $1 }).load()
+        #expect(SecurityWarnings.all(for: local).isEmpty)
+        let scram = try await ConfigurationLoader(environment: sasl.merging(["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "kafka-1.internal:9092", "APNS_FLEET_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512"]) { $1 }).load()
+        #expect(SecurityWarnings.all(for: scram).isEmpty)
     }
 
     @Test("the legacy interface without TLS is warned about unless the host is this machine")
@@ -684,4 +719,17 @@ struct KafkaTLSFileTests {
         kafka.sslCAFile = CommandLine.arguments[0]
         try kafka.checkReadableFiles()
     }
+}
+
+/// What an access reporter heard: each key read that found a value, and whether the value was
+/// marked secret.
+private final class RecordedAccesses: AccessReporter, Sendable {
+    private let state = Mutex<[(key: String, isSecret: Bool)]>([])
+
+    func report(_ event: AccessEvent) {
+        guard case .success(let value?) = event.result else { return }
+        state.withLock { $0.append((event.metadata.key.components.joined(separator: "."), value.isSecret)) }
+    }
+
+    var found: [(key: String, isSecret: Bool)] { state.withLock { $0 } }
 }
