@@ -91,7 +91,7 @@ public enum ConfigurationKeys {
         .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz; 0 takes a free port and logs it (tests, several workers on one host)."),
         .init("admin.liveness-stall-seconds", "number", "300 (more with long request or drain timeouts)", "/healthz fails once the Kafka consumer pipeline has been stalled this long (records waiting, none taken or finished, no attempt ended), unless messages wait in the producer for Kafka, so that the orchestrator restarts the process and its partitions move on; /readyz fails from the first minute of a stall. 0 (never), or at least 60, 30 above worker.drain-timeout-seconds, and 60 above what a notification's in-process attempts can take (retry.in-process-attempts × worker.request-timeout-seconds plus backoff); unset, it grows to that."),
         // Feedback worker
-        .init("feedback.poll-interval-seconds", "number", "3600", "How often the feedback worker polls each app's legacy feedback service: 1 to 604,800 (a week)."),
+        .init("feedback.poll-interval-seconds", "number", "3600", "How often the feedback worker polls each app's legacy feedback service: 1 to 604,800 (a week). A failed poll is tried again sooner: 30 s later, doubling up to this."),
         .init("feedback.ledger-capacity", "integer", "1000000", "Invalidations the feedback worker remembers, so duplicate results do not repeat an event: 1,000 to 100,000,000."),
     ]
 }

@@ -67,10 +67,12 @@ public struct LegacyFeedbackClient: Sendable {
     /// for `deliver`, the clock stops. A service still sending when it passes is read on, up
     /// to twice `timeout` in all: what it sent and was not read would be lost.
     ///
-    /// A service that has sent whole tuples and then nothing for `quietEnd` is taken to be done,
-    /// as if it had closed: Apple's closed at once, but a server that holds the connection open
-    /// afterwards (the reference test server, for a minute) would otherwise end every poll at
-    /// the deadline, as a failure.
+    /// A service that has sent whole tuples (or nothing at all, once the connection and its TLS
+    /// handshake are up) and then nothing for `quietEnd` is taken to be done, as if it had
+    /// closed: Apple's closed at once, but a server that holds the connection open afterwards
+    /// (the reference test server, for a minute) would otherwise end every poll at the
+    /// deadline, as a failure; with an empty list, every poll, and the worker would never be
+    /// ready.
     public func fetch(timeout: Duration, quietEnd: Duration = .seconds(5), chunkSize: Int = 10_000, deliver: ([FeedbackTuple]) async -> Void) async throws {
         let sslContext = try LegacyTLS.context(endpoint: endpoint, certificate: certificate)
         let eventLoop = eventLoopGroup.next()
@@ -94,7 +96,7 @@ public struct LegacyFeedbackClient: Sendable {
                     if let sslContext {
                         try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: sslContext, serverHostname: serverHostname))
                     }
-                    try channel.pipeline.syncOperations.addHandler(FeedbackReader(shared: reader))
+                    try channel.pipeline.syncOperations.addHandler(FeedbackReader(shared: reader, waitsForHandshake: sslContext != nil))
                 }
             }
         let startedAt = NIODeadline.now()
@@ -190,7 +192,7 @@ public struct LegacyFeedbackClient: Sendable {
         case .closed:
             if let failure { problem = failure }
         case .quiet:
-            logger.debug("feedback service went quiet after whole tuples; taking the list as complete", metadata: ["legacy.feedback": "\(endpoint.label)", "legacy.quiet_end": "\(quietEnd)"])
+            logger.debug("feedback service went quiet between tuples; taking the list as complete", metadata: ["legacy.feedback": "\(endpoint.label)", "legacy.quiet_end": "\(quietEnd)"])
             if let failure { problem = failure }
         case .timedOut:
             problem = "the deadline (\(timeout)) passed before the service closed the connection"
@@ -244,7 +246,8 @@ private final class FeedbackReader: ChannelDuplexHandler {
         /// Reading paused since then (a chunk filled up), and how long earlier pauses lasted.
         var pausedSince: NIODeadline?
         var pausedTotal = TimeAmount.zero
-        /// When bytes last arrived, or reading last resumed; nil until the first bytes.
+        /// When bytes last arrived, or reading last resumed; until the first bytes, when the
+        /// connection was ready to read (TCP up, and the TLS handshake done); nil before that.
         var lastActivity: NIODeadline?
     }
 
@@ -272,8 +275,8 @@ private final class FeedbackReader: ChannelDuplexHandler {
         }
 
 
-        /// How long the stream has been quiet, once it has sent something and stopped between
-        /// whole tuples; nil otherwise.
+        /// How long the stream has been quiet, once it is ready and stopped between whole tuples
+        /// (or has sent none yet); nil otherwise.
         func quietTime(now: NIODeadline) -> TimeAmount? {
             state.withLock { state in
                 guard let last = state.lastActivity, state.decoder.leftoverByteCount == 0 else { return nil }
@@ -284,7 +287,14 @@ private final class FeedbackReader: ChannelDuplexHandler {
         /// How long since the service last sent anything, inside a tuple or not; nil before it
         /// sent anything.
         func sinceLastRead(now: NIODeadline) -> TimeAmount? {
-            state.withLock { state in state.lastActivity.map { now - $0 } }
+            state.withLock { state in state.bytesRead > 0 ? state.lastActivity.map { now - $0 } : nil }
+        }
+
+        /// The connection can carry tuples from now on: the quiet clock starts.
+        func ready() {
+            state.withLock { state in
+                if state.lastActivity == nil { state.lastActivity = .now() }
+            }
         }
 
         /// Whether reading is paused now, and for how long it has been paused in all.
@@ -298,8 +308,9 @@ private final class FeedbackReader: ChannelDuplexHandler {
 
     private let shared: Shared
 
-    init(shared: Shared) {
+    init(shared: Shared, waitsForHandshake: Bool) {
         self.shared = shared
+        self.waitsForHandshake = waitsForHandshake
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -348,6 +359,20 @@ private final class FeedbackReader: ChannelDuplexHandler {
             return true
         }
         if resume { context.read() }
+    }
+
+    /// Without TLS the connection is ready once up; with it, once the handshake is done (a slow
+    /// handshake is not the service's silence).
+    private let waitsForHandshake: Bool
+
+    func channelActive(context: ChannelHandlerContext) {
+        if !waitsForHandshake { shared.ready() }
+        context.fireChannelActive()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .handshakeCompleted = event as? TLSUserEvent { shared.ready() }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func channelInactive(context: ChannelHandlerContext) {

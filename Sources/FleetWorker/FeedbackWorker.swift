@@ -29,12 +29,17 @@ public final class FeedbackWorker: Service, Sendable {
         /// progress, so keep it within the drain timeout (the feedback command does).
         public var pollTimeout: Duration
         public var ledgerCapacity: Int
+        /// After a failed poll the service is polled again this much later, doubling with each
+        /// failure in a row, never later than `pollInterval`: a blip at start must not keep the
+        /// worker unready, nor dead tokens unread, for a whole interval.
+        public var pollRetryDelay: Duration
 
-        public init(topics: TopicNames, pollInterval: Duration, pollTimeout: Duration = .seconds(60), ledgerCapacity: Int) {
+        public init(topics: TopicNames, pollInterval: Duration, pollTimeout: Duration = .seconds(60), ledgerCapacity: Int, pollRetryDelay: Duration = .seconds(30)) {
             self.topics = topics
             self.pollInterval = pollInterval
             self.pollTimeout = pollTimeout
             self.ledgerCapacity = ledgerCapacity
+            self.pollRetryDelay = pollRetryDelay
         }
     }
 
@@ -244,16 +249,28 @@ public final class FeedbackWorker: Service, Sendable {
     private func pollLoop() async {
         guard !services.isEmpty else { return }
         func stopped() -> Bool { stopping.load(ordering: .relaxed) || stopRequested() || Task.isCancelled }
+        // Per service: when it is due, and how many polls in a row have failed.
+        var schedule = services.map { _ in (due: ContinuousClock.now, failures: 0) }
         while !stopped() {
-            for service in services where !stopped() {
+            for index in services.indices where !stopped() && ContinuousClock.now >= schedule[index].due {
+                let service = services[index]
                 await poll(service)
+                let answered = polls.withLock { $0.last[service.app] == true }
+                schedule[index].failures = answered ? 0 : schedule[index].failures + 1
+                schedule[index].due = ContinuousClock.now + Self.delay(afterFailures: schedule[index].failures, configuration: configuration)
             }
             // Sleep in short steps so that a drain never waits a whole interval.
-            let wake = ContinuousClock.now + configuration.pollInterval
+            let wake = schedule.map(\.due).min() ?? ContinuousClock.now + configuration.pollInterval
             while !stopped(), ContinuousClock.now < wake {
                 try? await Task.sleep(for: .milliseconds(250))
             }
         }
+    }
+
+    /// Until the next poll of a service whose last `failures` polls failed (0: it answered).
+    static func delay(afterFailures failures: Int, configuration: Configuration) -> Duration {
+        guard failures > 0 else { return configuration.pollInterval }
+        return min(configuration.pollRetryDelay * (1 << min(failures - 1, 20)), configuration.pollInterval)
     }
 
     /// Polls one service now and publishes its events, a chunk of tuples at a time (the service
@@ -302,7 +319,7 @@ public final class FeedbackWorker: Service, Sendable {
                 // A forced stop: there is no next interval; what was read is reported below.
                 logger.notice("feedback service poll cut short: the worker is stopping", metadata: ["app": "\(service.app)"])
             } else {
-                logger.warning("feedback service poll failed; will try again next interval", metadata: ["app": "\(service.app)", "error": "\(error)"])
+                logger.warning("feedback service poll failed; will try again, backing off from \(configuration.pollRetryDelay) to at most the poll interval", metadata: ["app": "\(service.app)", "error": "\(error)"])
             }
         }
         // Also after a failed poll: tuples read before it failed were published, or lost.

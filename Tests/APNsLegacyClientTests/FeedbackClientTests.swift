@@ -149,6 +149,20 @@ struct FeedbackClientTests {
         await cut.stop()
     }
 
+    @Test("an empty list on a connection the service holds open is an empty answer once quiet, not a failed poll at the deadline", arguments: [false, true])
+    func emptyListHeldOpen(tls: Bool) async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        let server = try await ChunkedFeedbackServer.start(bytes: [], chunkSizes: [38], holdOpen: true, tls: tls ? credentials : nil)
+        let client = LegacyFeedbackClient(endpoint: credentials.endpoint(port: server.port, tls: tls), certificate: tls ? credentials.certificate : nil, logger: Fixture.logger)
+        let start = ContinuousClock.now
+        var tuples: [FeedbackTuple] = []
+        try await client.fetch(timeout: .seconds(20), quietEnd: .milliseconds(500)) { tuples += $0 }
+        #expect(tuples.isEmpty)
+        #expect(ContinuousClock.now - start < .seconds(10), "ended once quiet, not at the 20 s deadline")
+        await server.stop()
+    }
+
     @Test("an empty feedback list is an empty answer")
     func empty() async throws {
         let credentials = try LegacyTestCredentials.make()

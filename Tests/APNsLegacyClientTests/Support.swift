@@ -5,6 +5,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import NIOSSL
 import Synchronization
 
 /// Dev credentials (CA, server and client certificates) in a fresh temporary directory.
@@ -124,13 +125,24 @@ final class ChunkedFeedbackServer: Sendable {
         self.group = group
     }
 
-    static func start(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool = false, gap: TimeAmount = .microseconds(300)) async throws -> ChunkedFeedbackServer {
+    /// With `tls`, the service's side of TLS (client certificate required, as Apple's was).
+    static func start(bytes: [UInt8], chunkSizes: [Int], holdOpen: Bool = false, gap: TimeAmount = .microseconds(300), tls: LegacyTestCredentials? = nil) async throws -> ChunkedFeedbackServer {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let sslContext = try tls.map { credentials in
+            var configuration = TLSConfiguration.makeServerConfiguration(
+                certificateChain: try NIOSSLCertificate.fromPEMBytes(Array(credentials.credentials.serverCertificatePEM.utf8)).map { .certificate($0) },
+                privateKey: .privateKey(try NIOSSLPrivateKey(bytes: Array(credentials.credentials.serverKeyPEM.utf8), format: .pem))
+            )
+            configuration.certificateVerification = .noHostnameVerification
+            configuration.trustRoots = .certificates(try NIOSSLCertificate.fromPEMBytes(Array(credentials.credentials.caCertificatePEM.utf8)))
+            return try NIOSSLContext(configuration: configuration)
+        }
         let channel = try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    if let sslContext { try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: sslContext)) }
                     try channel.pipeline.syncOperations.addHandler(ChunkWriter(bytes: bytes, chunkSizes: chunkSizes, holdOpen: holdOpen, gap: gap))
                 }
             }

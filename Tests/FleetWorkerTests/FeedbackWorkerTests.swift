@@ -181,6 +181,41 @@ struct FeedbackWorkerTests {
         await producer.shutdown(flushTimeout: .seconds(1))
     }
 
+    @Test("a failed poll is tried again soon, backing off, not a whole interval later; once the service answers, the interval applies")
+    func failedPollsAreRetriedSoon() async throws {
+        let (cluster, consumer, producer, logger) = try Self.kafka(logLevel: .critical)
+        defer { withExtendedLifetime(cluster) {} }
+        let attempts = Shared<[ContinuousClock.Instant]>([])
+        let service = FeedbackWorker.FeedbackService(app: "legacy", topic: "com.example.legacy") { _, _ in
+            attempts.update { $0.append(.now) }
+            let attempt = attempts.value.count
+            // A network blip at start: the first three polls fail.
+            if attempt <= 3 { throw LegacyClientError(.connect, "cannot connect to the feedback service: connection refused") }
+        }
+        let worker = FeedbackWorker(
+            configuration: .init(topics: TopicNames(), pollInterval: .seconds(3600), pollTimeout: .seconds(5), ledgerCapacity: 100, pollRetryDelay: .milliseconds(300)),
+            consumer: consumer, producer: producer, feedbackServices: [service], logger: logger
+        )
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await consumer.run() }
+            group.addTask { try await worker.run() }
+            try await waitUntil("the fourth poll", timeout: 30) { attempts.value.count == 4 }
+            #expect(worker.readiness(assignedPartitions: 1).ready, "the service answered: ready")
+            // Answered: the next poll is an interval (an hour) away.
+            try await Task.sleep(for: .seconds(2))
+            #expect(attempts.value.count == 4)
+            group.cancelAll()
+            try? await group.waitForAll()
+        }
+        let times = attempts.value
+        let gaps = zip(times, times.dropFirst()).map { $0.duration(to: $1) }
+        // 0.3 s, then 0.6 s, then 1.2 s (each plus up to the loop's 250 ms step).
+        for (gap, delay) in zip(gaps, [300, 600, 1200]) {
+            #expect(gap >= .milliseconds(delay) && gap < .milliseconds(delay + 1500), "\(gaps)")
+        }
+        await producer.shutdown(flushTimeout: .seconds(1))
+    }
+
     @Test("cancellation reaches a poll in progress: the worker stops instead of waiting out the poll")
     func cancellationReachesAPoll() async throws {
         let (cluster, consumer, producer, logger) = try Self.kafka(logLevel: .error)
