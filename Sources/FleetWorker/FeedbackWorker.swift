@@ -69,6 +69,9 @@ public final class FeedbackWorker: Service, Sendable {
     private let publishing = TakingTurns()
     private let stopping = Atomic<Bool>(false)
     private let lostEvents = Atomic<Int>(0)
+    /// Events from feedback-service tuples handed to Kafka and not yet acknowledged: the
+    /// service has forgotten them, so a process that ends now loses them.
+    private let feedbackEventsPublishing = Atomic<Int>(0)
     /// Whether the process was asked to stop: its services stop in turn, this one only after the
     /// consumer, and a poll started meanwhile would read tuples (which the service then forgets)
     /// that might never be published.
@@ -104,6 +107,11 @@ public final class FeedbackWorker: Service, Sendable {
     /// Events read from a legacy feedback service and never published: a forced stop cut their
     /// publishing short, and the service has forgotten them. The process reports them on exit.
     public var eventsLost: Int { lostEvents.load(ordering: .relaxed) }
+
+    /// What ending the process now would lose for good: events already lost, and those being
+    /// published from a feedback-service poll (the service forgets what it sent). For the
+    /// overdue and second-signal exits, which do not wait for the poll to report.
+    public var eventsAtRisk: Int { lostEvents.load(ordering: .relaxed) + feedbackEventsPublishing.load(ordering: .relaxed) }
 
     /// Whether the last poll of each feedback service succeeded (app → success), for readiness.
     public var feedbackServiceHealth: [String: Bool] { polls.withLock { $0.last } }
@@ -303,7 +311,9 @@ public final class FeedbackWorker: Service, Sendable {
                 // Cancelled (a forced stop) before Kafka took them all: what it did not take is
                 // counted, and not remembered, so that a result reporting the same token is not
                 // taken for a repeat of an event that never went out.
+                feedbackEventsPublishing.add(events.count, ordering: .relaxed)
                 let outcome = await publishing.run { await publishNews(events) }
+                feedbackEventsPublishing.subtract(events.count, ordering: .relaxed)
                 published += outcome.published
                 unpublished += outcome.unpublished
             }

@@ -267,6 +267,8 @@ struct FeedbackWorkerTests {
         let polling = Task { await worker.poll(service) }
         try await waitUntil("the poll to hand over its tuple", timeout: 30) { delivering.value }
         try await Task.sleep(for: .milliseconds(300))
+        // What an exit now (overdue, or a second signal) would lose: the service forgot it.
+        #expect(worker.eventsAtRisk == 1)
         // The same invalidation reported by a 410 result: a repeat of the event in flight.
         let repeated = Self.result("j1", Self.token(0xD1), .rejected, status: 410, reason: "Unregistered", unregisteredAt: 1_767_225_600_000)
         let record = KafkaRecord(topic: topics.results, partition: 0, offset: 0, key: nil, value: repeated.value, headers: [], timestamp: nil, assignmentEpoch: 1)
@@ -274,6 +276,7 @@ struct FeedbackWorkerTests {
         await worker.handle([record])
         let finished = ContinuousClock.now
         #expect(await polling.value == 1)
+        #expect(worker.eventsAtRisk == 0, "acknowledged: nothing at risk any more")
         let acknowledged = try #require(acknowledgedAt.value)
         // Meaningful only if the event was still unacknowledged when its repeat came.
         #expect(acknowledged > started, "the poll's event was acknowledged before the repeat came; the test proves nothing")

@@ -63,7 +63,10 @@ struct FeedbackCommand: AsyncParsableCommand {
             "worker.id": "\(process.processID)", "kafka.group": "\(fleet.kafka.feedbackGroupID)",
             "feedback.services": "\(services.map(\.app).joined(separator: ","))",
         ])
-        await process.run([producer, admin, worker, consumer])
+        await process.run([producer, admin, worker, consumer]) {
+            let atRisk = worker.eventsAtRisk
+            return atRisk > 0 ? "up to \(atRisk) token events read from a legacy feedback service, which forgets what it hands out, were not acknowledged by Kafka (and any tuples the poll had read beyond them)" : nil
+        }
         let lost = worker.eventsLost
         process.exitStopped(
             lost > 0 ? "feedback worker stopped" : "feedback worker stopped: events flushed", unfinished: consumer.recordsLeftUnfinished, commitFailure: consumer.lastCommitFailure,

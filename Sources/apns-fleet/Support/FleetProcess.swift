@@ -59,8 +59,10 @@ struct FleetProcess {
 
     /// Runs `services` until a signal; shutdown runs them down in reverse order. The drain is
     /// bounded by `worker.drain-timeout-seconds` plus a margin, then cancellation takes over.
-    /// A service's error ends the process here, with that error's exit status.
-    func run(_ services: [any Service]) async {
+    /// A service's error ends the process here, with that error's exit status. `atRisk` says
+    /// what an exit before the stop finishes (overdue, or a second signal) loses for good,
+    /// nil when nothing (the group redoes unfinished records).
+    func run(_ services: [any Service], atRisk: @escaping @Sendable () -> String? = { nil }) async {
         let shuttingDown = self.shuttingDown
         let logger = self.logger
         var configuration = ServiceGroupConfiguration(
@@ -89,10 +91,10 @@ struct FleetProcess {
                         // Unstructured: the process ends (exitStopped) right after the group.
                         Task {
                             try? await Task.sleep(for: gracefulBudget + .seconds(3))
-                            Self.exitOverdue(budget: gracefulBudget, logger: logger)
+                            Self.exitOverdue(budget: gracefulBudget, lost: atRisk(), logger: logger)
                         }
                     } else {
-                        Self.exitNow(signal: signal, logger: logger)
+                        Self.exitNow(signal: signal, lost: atRisk(), logger: logger)
                     }
                 }
             }
@@ -148,8 +150,9 @@ struct FleetProcess {
     /// A stop that outlasted its budget (results that cannot be flushed, a client that does not
     /// close): exit 1 now, before ServiceLifecycle's cancellation limit would crash the process.
     /// Offsets stop at the unfinished work, so the group redoes it.
-    static func exitOverdue(budget: Duration, logger: Logger) -> Never {
+    static func exitOverdue(budget: Duration, lost: String?, logger: Logger) -> Never {
         logger.error("the stop did not finish within worker.drain-timeout-seconds + 15 s (\(budget)) and its cancellation; exiting with status 1; unfinished jobs will be redelivered")
+        if let lost { logger.error("lost: \(lost)") }
         fflush(nil)
         _exit(1)
     }
@@ -157,9 +160,10 @@ struct FleetProcess {
     /// The second signal: the operator wants the process gone, drain or not. Offsets stop at the
     /// unfinished work, so the group redoes it (duplicates, never losses). `_exit` skips atexit
     /// handlers and librdkafka's teardown, either of which could stall.
-    static func exitNow(signal: UnixSignal, logger: Logger) -> Never {
+    static func exitNow(signal: UnixSignal, lost: String?, logger: Logger) -> Never {
         let status: Int32 = signal == .sigint ? 130 : 143
         logger.warning("second \(signal) while draining: exiting now with status \(status); unfinished jobs will be redelivered")
+        if let lost { logger.error("lost: \(lost)") }
         fflush(nil)  // every stream, so the line above is not lost
         _exit(status)
     }
