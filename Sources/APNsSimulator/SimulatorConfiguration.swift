@@ -331,11 +331,14 @@ extension APNsSimulatorConfiguration {
         if listeners.http2TLSPort != nil, tls == nil {
             throw SimulatorConfigurationError("the TLS port needs a server certificate and key")
         }
-        for token in behaviour.unregisteredTokens.keys where !RequestValidator.isWellFormedToken(token[...]) {
-            throw SimulatorConfigurationError("unregistered token \(token.prefix(16))… is not 64 to 200 hex digits")
+        // Requests' tokens are looked up lowercased (the file and flag readers lowercase these
+        // keys too): an uppercase key set through the library would never match, silently.
+        func uppercase(_ token: String) -> Bool { token.utf8.contains { (UInt8(ascii: "A")...UInt8(ascii: "F")).contains($0) } }
+        for token in behaviour.unregisteredTokens.keys where !RequestValidator.isWellFormedToken(token[...]) || uppercase(token) {
+            throw SimulatorConfigurationError("unregistered token \(token.prefix(16))… is not 64 to 200 lowercase hex digits")
         }
-        for token in behaviour.deviceTopics.keys where !RequestValidator.isWellFormedToken(token[...]) {
-            throw SimulatorConfigurationError("device_topics token \(token.prefix(16))… is not 64 to 200 hex digits")
+        for token in behaviour.deviceTopics.keys where !RequestValidator.isWellFormedToken(token[...]) || uppercase(token) {
+            throw SimulatorConfigurationError("device_topics token \(token.prefix(16))… is not 64 to 200 lowercase hex digits")
         }
         let ports: [(String, Int?)] = [
             ("h2 TLS port", listeners.http2TLSPort), ("h2c port", listeners.http2CleartextPort), ("admin port", listeners.adminPort),

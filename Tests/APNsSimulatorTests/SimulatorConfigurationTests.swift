@@ -76,4 +76,22 @@ struct SimulatorConfigurationTests {
         #expect(throws: SimulatorConfigurationError.self) { try apply(#"{"goaway_reason": "Shut \"down\""}"#).validate() }
         #expect(try apply(#"{"goaway_reason": "Maintenance"}"#).behaviour.goAwayReason == "Maintenance")
     }
+
+    @Test("token keys are matched lowercased: the file's are lowercased, and an uppercase one set through the library is refused rather than never matching")
+    func tokenKeysAreLowercase() throws {
+        let upper = String(repeating: "AB", count: 32)
+        let fromFile = try apply(#"{"unregistered_tokens": {"\#(upper)": 1767225600000}, "device_topics": {"\#(upper)": "com.example.app"}}"#)
+        try fromFile.validate()
+        #expect(fromFile.behaviour.unregisteredTokens.keys.sorted() == [upper.lowercased()])
+        #expect(fromFile.behaviour.deviceTopics.keys.sorted() == [upper.lowercased()])
+        var direct = APNsSimulatorConfiguration()
+        direct.listeners.http2CleartextPort = 2198
+        direct.behaviour.unregisteredTokens[upper] = 1_767_225_600_000
+        #expect((#expect(throws: SimulatorConfigurationError.self) { try direct.validate() })?.message == "unregistered token ABABABABABABABAB… is not 64 to 200 lowercase hex digits")
+        direct.behaviour.unregisteredTokens = [:]
+        direct.behaviour.deviceTopics[upper] = "com.example.app"
+        #expect((#expect(throws: SimulatorConfigurationError.self) { try direct.validate() })?.message == "device_topics token ABABABABABABABAB… is not 64 to 200 lowercase hex digits")
+        direct.behaviour.deviceTopics = [upper.lowercased(): "com.example.app"]
+        try direct.validate()
+    }
 }
