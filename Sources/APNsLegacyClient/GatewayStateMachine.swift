@@ -79,6 +79,10 @@ struct GatewayStateMachine<Waiter> {
         var drainScheduled = false
         /// After an error-response: nothing more is written; the gateway closes it.
         var closing = false
+        /// Notifications ever written on it. The simple format's error-response names none: it
+        /// is one's own only on a connection that carried no other (one already confirmed by
+        /// its quiet period may be the one a late error-response is about).
+        var carried = 0
     }
 
     /// A verdict for a caller.
@@ -170,6 +174,7 @@ struct GatewayStateMachine<Waiter> {
                     continue
                 }
                 connection.window.append(Written(key: key, writtenAt: nil))
+                connection.carried += 1
                 connection.unstamped += 1
                 writes.append(entry.bytes)
             }
@@ -210,10 +215,12 @@ struct GatewayStateMachine<Waiter> {
             finish(window[index].key, passed ? .accepted : .rejected(response.status), &actions)
             // Dropped by the gateway, certainly not processed: re-sending cannot duplicate them.
             requeue(window[(index + 1)...].map(\.key), countsAsResend: false, because: response, &actions)
-        } else if !configuration.identifiesNotifications, !passed, window.count == 1, let only = window.first {
-            // The simple format names nothing, but with one notification in flight a failure
-            // can only be its own. A "passed" status names nothing in this format (its
-            // identifier is not the notification's), so that case is re-sent below.
+        } else if !configuration.identifiesNotifications, !passed, window.count == 1, connection.carried == 1, let only = window.first {
+            // The simple format names nothing, but on a connection that carried one notification
+            // a failure can only be its own. With others before it (confirmed by their quiet
+            // period), a late error-response may be theirs: rejecting this one would invalidate
+            // a good token. A "passed" status names nothing in this format (its identifier is
+            // not the notification's), so that case is re-sent below.
             finish(only.key, .rejected(response.status), &actions)
         } else {
             // Nothing to attribute it to: the named notification was already confirmed (then

@@ -135,6 +135,22 @@ struct GatewayStateMachineTests {
         }
         #expect(why.contains("simple format carries no identifier"))
 
+        // Alone in the window, but after another the quiet period confirmed: a late
+        // error-response may be about that one, so this one is not blamed (its token would be
+        // invalidated); it is written again instead.
+        var late = self.machine(resends: 2, identifies: false)
+        enqueue(&late, 1...1)
+        _ = late.connectionActive(1)
+        _ = late.drain(1, now: start)
+        late.written(1, count: 1, now: start)
+        enqueue(&late, 2...2)
+        _ = late.drain(1, now: start + .milliseconds(600))
+        late.written(1, count: 1, now: start + .milliseconds(600))
+        #expect(verdicts(late.tick(now: start + .seconds(1))) == [1: .accepted])
+        let afterConfirmed = late.errorResponse(1, LegacyErrorResponse(status: .invalidToken, identifier: 0), now: start + .milliseconds(1100))
+        #expect(verdicts(afterConfirmed).isEmpty, "not rejected: \(verdicts(afterConfirmed))")
+        #expect(Array(late.pending) == [2], "queued to be written again")
+
         // A "passed" status (10, shutdown) names no notification in this format: the one in the
         // window is written again, never rejected.
         var shutdown = drained(1, identifies: false)
