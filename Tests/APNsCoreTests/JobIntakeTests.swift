@@ -237,11 +237,11 @@ struct JobIntakeTests {
         #expect(again.previousAttempts == 1)
     }
 
-    @Test("a retry record that has become unusable gives invalid results for its own tokens only")
+    @Test("a retry record that has become unusable gives failed results, with its attempts, for its own tokens only")
     func unusableRetryRecord() {
         // The app was removed from the configuration while the record waited: tokenA was
         // delivered on the first attempt, only tokenB was left to retry.
-        let retry = RetryHeaders(attempt: 1, notBefore: UnixMillis(now.value), lastReason: "ServiceUnavailable")
+        let retry = RetryHeaders(attempt: 2, notBefore: UnixMillis(now.value), lastReason: "ServiceUnavailable")
         let headers = retry.applied(to: [RecordHeader("job-id", "j7"), RecordHeader(JobIntake.retryTokensKey, tokenB)])
         guard case .rejected(let rejected) = intake.accept(
             value: Array(#"{"tokens":["\#(tokenA)","\#(tokenB)"],"payload":{},"app":"gone"}"#.utf8), headers: headers,
@@ -252,6 +252,11 @@ struct JobIntakeTests {
         }
         #expect(rejected.results.map(\.token) == [tokenB])
         #expect(rejected.results.map(\.jobID) == ["j7"])
+        // Sent twice already (APNs may have delivered it): not `invalid`, which says "never sent".
+        #expect(rejected.results.map(\.outcome) == [.failed])
+        #expect(rejected.results.map(\.attempts) == [2])
+        #expect(rejected.results.first?.reason?.hasSuffix("(the retry record became unusable after 2 attempts)") == true, "\(rejected.results.first?.reason ?? "")")
+        #expect(rejected.deadLetterValue.isEmpty == false, "still copied to the DLQ")
     }
 
     @Test("malformed retry headers make the record invalid instead of stopping the partition")

@@ -91,12 +91,15 @@ public struct JobIntake: Sendable {
                 // A retry record stands for the tokens it names: the job's others already have
                 // their results, and must not get a second, `invalid`, one.
                 let tokens = (try? retryTokens(headers: retryHeaders, job: job)) ?? Self.namedRetryTokens(retryHeaders) ?? job.tokens
-                return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job, tokens: tokens)
+                return reject(error, value: value, headers: headers, source: source, now: now, jobID: jobID, job: job, tokens: tokens, previousAttempts: retry?.attempt ?? 0)
             }
         } catch {
             // A retry record whose job no longer decodes (a limit lowered since) still stands
             // only for the tokens it names.
-            return reject(error, value: value, headers: headers, source: source, now: now, jobID: inheritedID, tokens: Self.namedRetryTokens(retryHeaders))
+            return reject(
+                error, value: value, headers: headers, source: source, now: now, jobID: inheritedID, tokens: Self.namedRetryTokens(retryHeaders),
+                previousAttempts: retry?.attempt ?? 0
+            )
         }
     }
 
@@ -155,7 +158,8 @@ public struct JobIntake: Sendable {
         now: UnixMillis,
         jobID: String?,
         job: NotificationJob? = nil,
-        tokens jobTokens: [DeviceToken]? = nil
+        tokens jobTokens: [DeviceToken]? = nil,
+        previousAttempts: Int = 0
     ) -> IntakeDecision {
         // A job that did not decode still names its app, topic, meta, id and tokens, most
         // likely: its results carry them where they are valid on their own.
@@ -163,10 +167,15 @@ public struct JobIntake: Sendable {
         let tokens = (jobTokens ?? job?.tokens).map { $0.map(\.hex) } ?? Self.bestEffortTokens(context, headers: headers)
         // Built once: a fan-out job may have thousands of tokens.
         let reason = rejection.reason
+        // A retry record was sent before (APNs may have delivered it): not `invalid`, which says
+        // "never sent", but `failed`, with its attempts. Something changed since its last
+        // attempt: the configuration (its app removed, a limit lowered) or the record itself.
+        let sentBefore = previousAttempts > 0
+        let resultReason = sentBefore ? "\(reason) (the retry record became unusable after \(previousAttempts) attempts)" : reason
         let results = (tokens.isEmpty ? [""] : tokens).map { token in
             NotificationResult(
                 jobID: jobID ?? context.id ?? source.derivedJobID, token: token, topic: context.topic, app: context.app,
-                outcome: .invalid, reason: reason, attempts: 0, latencyMs: 0,
+                outcome: sentBefore ? .failed : .invalid, reason: resultReason, attempts: previousAttempts, latencyMs: 0,
                 sentAt: now, worker: workerID, meta: context.meta, source: source
             )
         }
