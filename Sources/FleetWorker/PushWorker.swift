@@ -623,12 +623,15 @@ public final class PushWorker: Service, Sendable {
     /// The outcome when the job's deadline or expiration has already passed; nil to send.
     @inline(never)
     func finishedBeforeSending(_ job: JobInFlight, token: DeviceToken, progress: SendProgress) -> TokenOutcome? {
-        guard case .finish(let outcome, let status, var reason)? = policy.beforeSending(
+        guard case .finish(let outcome, var status, var reason)? = policy.beforeSending(
             now: now(), deadline: job.deadline, expiration: job.expiration, attemptsMade: progress.attempts
         ) else { return nil }
         // A retry record finished before its first attempt here: the answer that sent it to the
-        // retry topic is the last word APNs had on it.
-        if progress.last == nil, let previous = job.accepted.previousReason { reason = reason.map { "\(previous); \($0)" } }
+        // retry topic is the last word APNs had on it, its status and reason both.
+        if progress.last == nil {
+            if let previous = job.accepted.previousReason { reason = reason.map { "\(previous); \($0)" } }
+            status = status ?? job.accepted.previousStatus
+        }
         logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: progress.attempts)
         return .finished(result(
             job, token: token, outcome: outcome, status: status, reason: reason,
@@ -673,7 +676,9 @@ public final class PushWorker: Service, Sendable {
                 "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
                 "apns.attempt": "\(attempt)", "apns.last_reason": "\(lastReason)", "apns.not_before": "\(notBefore.value)",
             ])
-            let headers = RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason)
+            var lastStatus: Int?
+            if case .answered(let answered, _) = sent.attempt { lastStatus = answered }
+            let headers = RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason, lastStatus: lastStatus)
             return .done(.later(LaterAttempt(token: token, headers: headers, last: sent, latency: progress.totalLatency)))
         }
     }

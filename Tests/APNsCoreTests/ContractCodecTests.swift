@@ -141,6 +141,17 @@ struct ContractCodecTests {
         #expect(try RetryHeaders(headers: headers) == retry)
         #expect(try RetryHeaders(headers: [RecordHeader("apns-token", tokenA)]) == nil)
         #expect(throws: ContractDecodingError.self) { try RetryHeaders(headers: [RecordHeader("attempt", "zero")]) }
+
+        // The last answer's status travels too, and replaces an earlier one; one that is no HTTP
+        // status is left out rather than refusing the record (it is only reported).
+        let answered = RetryHeaders(attempt: 3, notBefore: UnixMillis(5), lastReason: "TooManyRequests", lastStatus: 429)
+        let again = answered.applied(to: answered.applied(to: original))
+        #expect(again.filter { $0.key == "last-status" }.map(\.text) == ["429"])
+        #expect(try RetryHeaders(headers: again) == answered)
+        let base = [RecordHeader("attempt", "1"), RecordHeader("not-before", "0")]
+        for (text, status) in [("503", 503 as Int?), ("abc", nil), ("99", nil), ("600", nil), ("", nil)] {
+            #expect(try RetryHeaders(headers: base + [RecordHeader("last-status", text)])?.lastStatus == status, "\(text)")
+        }
     }
 
     @Test("DLQ headers carry the reason and the source position")

@@ -117,7 +117,7 @@ struct RetryPathTests {
         var earliestNotBefore = Int64.max
         for record in outcome.retries {
             let headers = try #require(try RetryHeaders(headers: record.headers))
-            #expect(headers.attempt == 2 && headers.lastReason == "TooManyRequests")
+            #expect(headers.attempt == 2 && headers.lastReason == "TooManyRequests" && headers.lastStatus == 429)
             earliestNotBefore = min(earliestNotBefore, headers.notBefore.value)
             #expect(record.headers.text("retry-tokens") == hot)
         }
@@ -157,6 +157,7 @@ extension RetryPathTests {
         let result = try #require(outcome.results.first)
         #expect(result.outcome == .expired)
         #expect(result.reason?.hasPrefix("ServiceUnavailable; deadline ") == true, "\(result.reason ?? "")")
+        #expect(result.status == 503, "the status of the answer that sent it to the retry topic, as after an in-process attempt")
         #expect(result.attempts == 1, "the attempt that was made before")
         #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 0, "not sent")
     }
@@ -585,7 +586,7 @@ final class InProcessFleet: Sendable {
 
     /// A retry record of a one-token job that has been tried once, due at `notBefore`.
     func retryRecord(token: String, notBefore: Int64) -> KafkaOutgoingMessage {
-        let headers = RetryHeaders(attempt: 1, notBefore: UnixMillis(notBefore), lastReason: "ServiceUnavailable").headers
+        let headers = RetryHeaders(attempt: 1, notBefore: UnixMillis(notBefore), lastReason: "ServiceUnavailable", lastStatus: 503).headers
             + [RecordHeader("job-id", "later"), RecordHeader("retry-tokens", token)]
         return KafkaOutgoingMessage(
             topic: topics.retry, key: Array("later".utf8), value: Array(#"{"id":"later","token":"\#(token)","payload":{}}"#.utf8), headers: headers

@@ -3,9 +3,11 @@ public struct RetryHeaders: Sendable, Hashable {
     public static let attemptKey = "attempt"
     public static let notBeforeKey = "not-before"
     public static let lastReasonKey = "last-reason"
+    /// APNs's HTTP status on the last attempt, when it answered.
+    public static let lastStatusKey = "last-status"
     /// The job id of the first consumption, so that a job without `id` keeps its id through retries.
     public static let jobIDKey = "job-id"
-    static let keys: Set<String> = [attemptKey, notBeforeKey, lastReasonKey]
+    static let keys: Set<String> = [attemptKey, notBeforeKey, lastReasonKey, lastStatusKey]
     public static let maximumAttempt = 1_000_000
 
     /// Attempts already made (the retry record is consumed for attempt `attempt + 1`).
@@ -13,11 +15,16 @@ public struct RetryHeaders: Sendable, Hashable {
     /// Not to be sent before this time.
     public var notBefore: UnixMillis
     public var lastReason: String
+    /// APNs's status on the last attempt; nil when it did not answer (a timeout, a lost
+    /// connection). A job that ends before its next attempt (its deadline passed meanwhile)
+    /// reports it, as it would have after an in-process attempt.
+    public var lastStatus: Int?
 
-    public init(attempt: Int, notBefore: UnixMillis, lastReason: String) {
+    public init(attempt: Int, notBefore: UnixMillis, lastReason: String, lastStatus: Int? = nil) {
         self.attempt = attempt
         self.notBefore = notBefore
         self.lastReason = lastReason
+        self.lastStatus = lastStatus
     }
 
     public var headers: [RecordHeader] {
@@ -25,7 +32,7 @@ public struct RetryHeaders: Sendable, Hashable {
             RecordHeader(Self.attemptKey, String(attempt)),
             RecordHeader(Self.notBeforeKey, String(notBefore.value)),
             RecordHeader(Self.lastReasonKey, lastReason),
-        ]
+        ] + (lastStatus.map { [RecordHeader(Self.lastStatusKey, String($0))] } ?? [])
     }
 
     /// The record's headers with any earlier retry headers replaced by these.
@@ -46,6 +53,9 @@ public struct RetryHeaders: Sendable, Hashable {
         self.attempt = attempt
         self.notBefore = UnixMillis(notBefore)
         self.lastReason = headers.text(Self.lastReasonKey) ?? ""
+        // Informational only: one that is not an HTTP status is left out, not a reason to refuse
+        // the record (records written before it existed have none).
+        self.lastStatus = headers.text(Self.lastStatusKey).flatMap { JobRules.integer($0) }.flatMap { (100...599).contains($0) ? Int($0) : nil }
     }
 }
 

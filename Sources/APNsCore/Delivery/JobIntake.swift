@@ -10,6 +10,8 @@ public struct AcceptedJob: Sendable {
     public var notBefore: UnixMillis?
     /// Why the previous attempt did not settle it (a retry record's `last-reason` header).
     public var previousReason: String?
+    /// APNs's status on the previous attempt (a retry record's `last-status` header).
+    public var previousStatus: Int?
     /// The tokens still to send: all of them, or on a retry record only those the retry names.
     public var tokens: [DeviceToken]
 }
@@ -85,7 +87,8 @@ public struct JobIntake: Sendable {
                 )
                 return .accepted(AcceptedJob(
                     jobID: jobID, job: resolved, appName: configuration.apps[appIndex].name, source: source,
-                    previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, previousReason: retry.flatMap { $0.lastReason.isEmpty ? nil : $0.lastReason }, tokens: tokens
+                    previousAttempts: retry?.attempt ?? 0, notBefore: retry?.notBefore, previousReason: retry.flatMap { $0.lastReason.isEmpty ? nil : $0.lastReason },
+                    previousStatus: retry?.lastStatus, tokens: tokens
                 ))
             } catch {
                 // A retry record stands for the tokens it names: the job's others already have
