@@ -73,19 +73,7 @@ enum HTTP2Callbacks {
             case NGHTTP2_DATA.rawValue:
                 if endStream { session.delegate?.http2(session, didReceiveEndStreamOn: header.stream_id) }
             case NGHTTP2_GOAWAY.rawValue:
-                let goAway = frame.pointee.goaway
-                var opaque: [UInt8] = []
-                if let data = goAway.opaque_data, goAway.opaque_data_len > 0 {
-                    opaque = Array(UnsafeBufferPointer(start: data, count: goAway.opaque_data_len))
-                }
-                session.delegate?.http2(
-                    session,
-                    didReceiveGoAway: HTTP2GoAway(
-                        lastStreamID: goAway.last_stream_id,
-                        errorCode: HTTP2ErrorCode(rawValue: goAway.error_code),
-                        opaqueData: opaque
-                    )
-                )
+                session.delegate?.http2(session, didReceiveGoAway: HTTP2Callbacks.goAway(frame.pointee.goaway))
             case NGHTTP2_PING.rawValue where header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0:
                 var ping = frame.pointee.ping
                 let value = withUnsafeBytes(of: &ping.opaque_data) { $0.loadUnaligned(as: UInt64.self) }
@@ -106,11 +94,28 @@ enum HTTP2Callbacks {
         }
     }
 
+    private static func goAway(_ frame: nghttp2_goaway) -> HTTP2GoAway {
+        var opaque: [UInt8] = []
+        if let data = frame.opaque_data, frame.opaque_data_len > 0 {
+            opaque = Array(UnsafeBufferPointer(start: data, count: frame.opaque_data_len))
+        }
+        return HTTP2GoAway(lastStreamID: frame.last_stream_id, errorCode: HTTP2ErrorCode(rawValue: frame.error_code), opaqueData: opaque)
+    }
+
     private static let onFrameSent: nghttp2_on_frame_send_callback = { _, frame, userData in
         guard let frame else { return HTTP2Callbacks.failure }
-        guard UInt32(frame.pointee.hd.type) == NGHTTP2_RST_STREAM.rawValue else { return 0 }
-        return HTTP2Callbacks.withSession(userData, failure: HTTP2Callbacks.failure) { session in
-            session.delegate?.http2(session, didSendResetStream: frame.pointee.hd.stream_id, errorCode: HTTP2ErrorCode(rawValue: frame.pointee.rst_stream.error_code))
+        switch UInt32(frame.pointee.hd.type) {
+        case NGHTTP2_RST_STREAM.rawValue:
+            return HTTP2Callbacks.withSession(userData, failure: HTTP2Callbacks.failure) { session in
+                session.delegate?.http2(session, didSendResetStream: frame.pointee.hd.stream_id, errorCode: HTTP2ErrorCode(rawValue: frame.pointee.rst_stream.error_code))
+                return 0
+            }
+        case NGHTTP2_GOAWAY.rawValue:
+            return HTTP2Callbacks.withSession(userData, failure: HTTP2Callbacks.failure) { session in
+                session.delegate?.http2(session, didSendGoAway: HTTP2Callbacks.goAway(frame.pointee.goaway))
+                return 0
+            }
+        default:
             return 0
         }
     }

@@ -27,6 +27,9 @@ public protocol HTTP2SessionDelegate: AnyObject {
     func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting])
     /// The session sent RST_STREAM (for example REFUSED_STREAM above MAX_CONCURRENT_STREAMS).
     func http2(_ session: HTTP2Session, didSendResetStream stream: Int32, errorCode: HTTP2ErrorCode)
+    /// The session wrote a GOAWAY: one submitted by the delegate, or libnghttp2's own for a
+    /// protocol violation by the peer.
+    func http2(_ session: HTTP2Session, didSendGoAway goAway: HTTP2GoAway)
     /// Called once before the driver writes what the session produced (once per read burst):
     /// a place to publish per-burst work such as counters.
     func http2SessionWillFlush(_ session: HTTP2Session)
@@ -43,6 +46,7 @@ extension HTTP2SessionDelegate {
     public func http2(_ session: HTTP2Session, didReceivePingAck opaqueData: UInt64) {}
     public func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting]) {}
     public func http2(_ session: HTTP2Session, didSendResetStream stream: Int32, errorCode: HTTP2ErrorCode) {}
+    public func http2(_ session: HTTP2Session, didSendGoAway goAway: HTTP2GoAway) {}
     public func http2SessionWillFlush(_ session: HTTP2Session) {}
     public func http2SessionDidClose(_ session: HTTP2Session) {}
 }

@@ -278,6 +278,20 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         if errorCode == .refusedStream { pending.streamsRefused += 1 }
     }
 
+    /// The simulator's own GOAWAYs are counted where they are submitted (`goAway(reason:)`, always
+    /// NO_ERROR). One with an error is libnghttp2's: the client broke the protocol (more streams
+    /// than an acknowledged SETTINGS allows, say) and the connection ends; counted and said, so
+    /// that a client test sees why its connection went.
+    func http2(_ session: HTTP2Session, didSendGoAway goAway: HTTP2GoAway) {
+        guard goAway.errorCode != .noError else { return }
+        context.counters.update(id) { $0.goAwaysSent += 1 }
+        let detail = String(decoding: goAway.opaqueData.prefix(200), as: UTF8.self)
+        context.logger.warning("connection ended by the HTTP/2 library: the client broke the protocol", metadata: [
+            "connection": "\(id)", "http2.error": "\(goAway.errorCode)", "http2.last_stream": "\(goAway.lastStreamID)", "http2.detail": "\(detail)",
+        ])
+        if context.configuration.dump { context.configuration.dumpSink("<<< connection #\(id): GOAWAY \(goAway.errorCode) \(detail)") }
+    }
+
     func http2SessionWillFlush(_ session: HTTP2Session) {
         clockSeconds = nil
         // Requests arrived since the last flush (the idle timer reads this).

@@ -10,6 +10,7 @@ final class RecordingDelegate: HTTP2SessionDelegate {
     var ended: [Int32] = []
     var closed: [Int32: HTTP2ErrorCode] = [:]
     var goAways: [HTTP2GoAway] = []
+    var sentGoAways: [HTTP2GoAway] = []
     var pingAcks: [UInt64] = []
     var settings: [[HTTP2Setting]] = []
     /// Server side: answer each request that ends with this status and body.
@@ -32,6 +33,7 @@ final class RecordingDelegate: HTTP2SessionDelegate {
 
     func http2(_ session: HTTP2Session, didCloseStream stream: Int32, errorCode: HTTP2ErrorCode) { closed[stream] = errorCode }
     func http2(_ session: HTTP2Session, didReceiveGoAway goAway: HTTP2GoAway) { goAways.append(goAway) }
+    func http2(_ session: HTTP2Session, didSendGoAway goAway: HTTP2GoAway) { sentGoAways.append(goAway) }
     func http2(_ session: HTTP2Session, didReceivePingAck opaqueData: UInt64) { pingAcks.append(opaqueData) }
     func http2(_ session: HTTP2Session, didReceiveSettings settings: [HTTP2Setting]) { self.settings.append(settings) }
 }
@@ -207,6 +209,38 @@ struct HTTP2SessionTests {
         try pump(client, server)
         #expect(clientDelegate.goAways.first.map { String(decoding: $0.opaqueData, as: UTF8.self) } == #"{"reason":"Shutdown"}"#)
         #expect(clientDelegate.goAways.first?.lastStreamID == stream)
+    }
+
+    @Test("a peer opening more streams than the SETTINGS it acknowledged gets libnghttp2's GOAWAY, which the delegate hears of")
+    func goAwayForTooManyStreams() throws {
+        let delegate = RecordingDelegate()
+        let server = try HTTP2Session(role: .server, delegate: delegate)
+        try server.submitSettings([.maxConcurrentStreams(1)])
+        var settings = ByteBuffer()
+        try server.produceOutput(into: &settings)
+        #expect(delegate.sentGoAways.isEmpty)
+
+        // A client written by hand (a library would queue the second request): preface, empty
+        // SETTINGS, the ACK of the server's, then two requests, the first still unanswered.
+        func frame(_ type: UInt8, flags: UInt8, stream: UInt32, _ payload: [UInt8]) -> [UInt8] {
+            let length = UInt32(payload.count)
+            return [UInt8(length >> 16 & 0xFF), UInt8(length >> 8 & 0xFF), UInt8(length & 0xFF), type, flags,
+                    UInt8(stream >> 24 & 0x7F), UInt8(stream >> 16 & 0xFF), UInt8(stream >> 8 & 0xFF), UInt8(stream & 0xFF)] + payload
+        }
+        // HPACK, static table: :method POST, :scheme https, :path /, then :authority "x" as a literal.
+        let request: [UInt8] = [0x83, 0x87, 0x84, 0x41, 0x01, UInt8(ascii: "x")]
+        var bytes = Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8)
+        bytes += frame(0x4, flags: 0x0, stream: 0, [])
+        bytes += frame(0x4, flags: 0x1, stream: 0, [])
+        bytes += frame(0x1, flags: 0x4, stream: 1, request)
+        bytes += frame(0x1, flags: 0x4, stream: 3, request)
+        try? server.receive(ByteBuffer(bytes: bytes))
+        var out = ByteBuffer()
+        try server.produceOutput(into: &out)
+        let sent = try #require(delegate.sentGoAways.first)
+        #expect(sent.errorCode == .protocolError)
+        #expect(sent.lastStreamID == 1)
+        #expect(delegate.sentGoAways.count == 1)
     }
 
     @Test("garbage instead of a connection preface is a fatal error")
