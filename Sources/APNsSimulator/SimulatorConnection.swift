@@ -380,10 +380,32 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         }
     }
 
+    /// Checks the request's provider token (nil: the connection has no token authentication);
+    /// counts verifications, and a valid token lifts the one-stream limit of a new connection.
+    private func authenticateToken(_ head: APNsRequestHead) -> Result<VerifiedProviderToken, APNsRejection>? {
+        guard let result = tokenAuthenticator?.authenticate(authorization: head.authorization, now: burstClock()) else { return nil }
+        if let verifications = tokenAuthenticator?.verifications, verifications != tokenVerificationsCounted {
+            let added = verifications - tokenVerificationsCounted
+            tokenVerificationsCounted = verifications
+            context.counters.update(id) { $0.tokenVerifications += added }
+        }
+        if case .success = result, !tokenAccepted {
+            tokenAccepted = true
+            setMaxConcurrentStreams(context.configuration.behaviour.maxConcurrentStreams)
+        }
+        return result
+    }
+
     /// Decides the answer: nil for 200.
     private func judge(_ state: StreamState, behaviour rates: EffectiveBehaviour) -> APNsRejection? {
         if goingAway { return APNsRejection(.shutdown) }
-        if let rejection = context.validator.checkRoute(state.head) { return rejection }
+        if let rejection = context.validator.checkRoute(state.head) {
+            // Answered as a route error, but a valid provider token still lifts the one-stream
+            // limit ("until you send a push message with valid provider authentication token"):
+            // a first request to a bad device token must not hold the connection at one stream.
+            if certificateGrant == nil, !tokenAccepted { _ = authenticateToken(state.head) }
+            return rejection
+        }
 
         let grant: TopicGrant
         if let certificateGrant {
@@ -392,24 +414,10 @@ final class SimulatorConnection: HTTP2SessionDelegate {
             case .failure(let rejection): return rejection
             }
         } else {
-            guard let result = tokenAuthenticator?.authenticate(authorization: state.head.authorization, now: burstClock()) else {
-                return APNsRejection(.missingProviderToken)
-            }
-            if let verifications = tokenAuthenticator?.verifications, verifications != tokenVerificationsCounted {
-                let added = verifications - tokenVerificationsCounted
-                tokenVerificationsCounted = verifications
-                context.counters.update(id) { $0.tokenVerifications += added }
-            }
+            guard let result = authenticateToken(state.head) else { return APNsRejection(.missingProviderToken) }
             switch result {
-            case .failure(let rejection):
-                return rejection
-            case .success(let claims):
-                if !tokenAccepted {
-                    // A valid token lifts the one-stream limit of a new token-auth connection.
-                    tokenAccepted = true
-                    setMaxConcurrentStreams(context.configuration.behaviour.maxConcurrentStreams)
-                }
-                grant = tokenGrant(team: claims.teamID)
+            case .failure(let rejection): return rejection
+            case .success(let claims): grant = tokenGrant(team: claims.teamID)
             }
         }
 
