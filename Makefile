@@ -8,7 +8,7 @@ SWIFT ?= swift
 
 # Libraries the build links against, and the tools the tests drive the product with.
 BUILD_PACKAGES := librdkafka-dev libnghttp2-dev libjemalloc-dev libssl-dev pkg-config
-TEST_PACKAGES  := nghttp2-client kcat python3-aioapns python3-h2 python3-jsonschema python3-yaml
+TEST_PACKAGES  := nghttp2-client kcat openssl python3-aioapns python3-h2 python3-jsonschema python3-yaml
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -30,7 +30,7 @@ define install_missing
 	@missing=""; for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
-		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 endef
 
@@ -39,8 +39,8 @@ deps:
 
 test-deps: deps
 	$(call install_missing,$(TEST_PACKAGES))
-	@python3 -c 'import jsonschema' 2>/dev/null || python3 -m pip install -q jsonschema
-	@python3 -c 'import yaml' 2>/dev/null || python3 -m pip install -q pyyaml
+	@# The tests run Debian's Python (/usr/bin/python3), which the packages above serve.
+	@/usr/bin/python3 -c 'import jsonschema, yaml, h2' || { echo "error: /usr/bin/python3 cannot import jsonschema, yaml and h2 although python3-jsonschema, python3-yaml and python3-h2 are installed"; exit 1; }
 
 build: deps
 	$(SWIFT) build
@@ -50,13 +50,15 @@ release: deps
 
 test: test-deps
 	$(SWIFT) build --build-tests
-	python3 scripts/check_packaging.py
+	/usr/bin/python3 scripts/check_packaging.py
 	$(SWIFT) test --skip-build
 
 # The whole fleet on this machine: embedded Kafka, the APNs simulator (TLS), a push worker and
 # the feedback worker, 100,000 jobs, a live progress bar and a summary. DEMO_ARGS passes flags,
 # e.g. make demo DEMO_ARGS="--jobs 20000 --workers 2".
 demo: release
+	@# The demo points at kcat to look at the topics while it runs.
+	$(call install_missing,kcat)
 	.build/release/apns-fleet demo $(DEMO_ARGS)
 
 # The reliability suites (worker kills, Kafka and APNs faults) at soak size: more runs, jobs and kills.

@@ -80,7 +80,7 @@ struct SchemaTests {
 
     static func runChecker(_ arguments: [String]) async throws -> (Int32, String) {
         let process = try LaunchedProcess(
-            executable: "/usr/bin/env", arguments: ["python3", root.appendingPathComponent("scripts/check_schemas.py").path] + arguments,
+            executable: "/usr/bin/python3", arguments: [root.appendingPathComponent("scripts/check_schemas.py").path] + arguments,
             standardOutput: .pipe, standardError: .standardOutput
         )
         let output = String(decoding: await process.standardOutput?.collect() ?? [], as: UTF8.self)
