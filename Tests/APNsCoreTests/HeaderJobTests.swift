@@ -166,6 +166,24 @@ struct ResolutionTests {
         #expect(try alert.resolved(defaults: app).priority == .immediate)
     }
 
+    @Test("a header-encoded job's rule violations name the header the producer wrote, an envelope's the field")
+    func ruleViolationsNameTheHeader() throws {
+        let app = JobDefaults(topic: "com.example.app")
+        func reason(_ job: NotificationJob) -> String? {
+            do { _ = try job.resolved(defaults: app); return nil } catch { return error.reason }
+        }
+        let background = try headerJob([("apns-token", tokenA), ("apns-push-type", "background"), ("apns-priority", "10")])
+        #expect(reason(background)?.hasPrefix("apns-priority header: priority 10 is not allowed") == true, "\(reason(background) ?? "")")
+        let voip = try headerJob([("apns-token", tokenA), ("apns-push-type", "voip"), ("apns-topic", "com.example.app")])
+        #expect(reason(voip)?.hasPrefix("apns-topic header: topic 'com.example.app' does not end in '.voip'") == true, "\(reason(voip) ?? "")")
+        let noTopic = try headerJob([("apns-token", tokenA)])
+        #expect((try? noTopic.resolved(defaults: JobDefaults())) == nil)
+        do { _ = try noTopic.resolved(defaults: JobDefaults()) } catch { #expect(error.reason.hasPrefix("apns-topic header: no topic")) }
+        // The same rule in an envelope names the envelope's field.
+        let envelope = try JobDecoder().decodeEnvelope(Array(#"{"token":"\#(tokenA)","push_type":"background","priority":10,"payload":{}}"#.utf8))
+        #expect(reason(envelope)?.hasPrefix("priority: priority 10") == true, "\(reason(envelope) ?? "")")
+    }
+
     @Test("apps are chosen by name, then by topic, then by default; unknown apps are named")
     func appSelection() throws {
         let key = AppConfiguration.Authentication.token(keyFile: "/k.p8", keyID: "ABC123DEFG", teamID: "DEF123GHIJ")

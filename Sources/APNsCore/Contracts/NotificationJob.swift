@@ -167,6 +167,21 @@ extension NotificationJob {
     /// priority 10.
     /// `topicSuffix: false` for the legacy binary interface, which sends no topic.
     public func checkRules(pushType: PushType, topicSuffix: Bool = true) throws(JobRejection) {
+        do { try checkFieldRules(pushType: pushType, topicSuffix: topicSuffix) } catch { throw named(error) }
+    }
+
+    /// A header-encoded job's rejection names the header the producer wrote, not the envelope's
+    /// field of the same meaning.
+    private func named(_ rejection: JobRejection) -> JobRejection {
+        guard encoding == .headers, let field = rejection.field else { return rejection }
+        switch field {
+        case "topic": return rejection.at("apns-topic header")
+        case "priority": return rejection.at("apns-priority header")
+        default: return rejection
+        }
+    }
+
+    private func checkFieldRules(pushType: PushType, topicSuffix: Bool) throws(JobRejection) {
         if topicSuffix, let topic, let suffix = pushType.requiredTopicSuffix, !topic.hasSuffix(suffix) || topic.utf8.count == suffix.utf8.count {
             throw JobRejection(
                 field: "topic", "topic '\(topic)' does not end in '\(suffix)' after the bundle id, which APNs requires for push type \(pushType.rawValue) (it answers BadTopic)"
@@ -200,7 +215,7 @@ extension NotificationJob {
             }
         } else {
             let app = appName.map { " and app '\($0)' has no default topic" } ?? ""
-            throw JobRejection(field: "topic", "no topic: the job has none\(app)")
+            throw named(JobRejection(field: "topic", "no topic: the job has none\(app)"))
         }
         let priority: NotificationPriority
         if pushType == .background, self.priority == nil, defaults.priority == .immediate {
