@@ -13,7 +13,7 @@ import Synchronization
 /// - `apns.client.latency` (timer): request to answer.
 /// - `apns.client.in_flight`, `apns.client.waiting` (gauges): streams open, callers waiting.
 /// - `apns.client.stream_limit` (gauge): the sum of the connections' stream limits.
-/// - `apns.client.connections` (counter; `event`: ready, goaway, closed, dead, connect_failed).
+/// - `apns.client.connections` (counter; `event`: ready, goaway, closed, dead, retired, connect_failed).
 /// - `apns.client.connections.usable` (gauge).
 /// - `apns.client.tokens_minted` (counter).
 final class ClientMetrics: Sendable {

@@ -28,6 +28,9 @@ public final class AdminServer: Service, Sendable {
     private let pipeline: PipelineWatch?
     private let logger: Logger
     private let boundPort = Mutex<Int?>(nil)
+    /// A connection that sends nothing for this long is closed: a client that connects and
+    /// goes quiet must not hold a connection for ever. Prometheus reconnects between scrapes.
+    private let idleTimeout: TimeAmount
 
     public init(
         host: String,
@@ -35,8 +38,10 @@ public final class AdminServer: Service, Sendable {
         logger: Logger,
         metrics: @escaping @Sendable () -> [UInt8],
         readiness: @escaping @Sendable () -> Readiness,
-        pipeline: PipelineWatch? = nil
+        pipeline: PipelineWatch? = nil,
+        idleTimeout: Duration = .seconds(60)
     ) {
+        self.idleTimeout = TimeAmount(idleTimeout)
         self.host = host
         self.pipeline = pipeline
         self.port = port
@@ -51,9 +56,13 @@ public final class AdminServer: Service, Sendable {
     public func run() async throws {
         let metrics = self.metrics
         let readiness = self.readiness
+        // A thread of its own: rendering /metrics (and a probe's checks) must not run on, and
+        // hold up, the event loops that carry APNs traffic.
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        defer { group.shutdownGracefully { _ in } }
         let channel: any Channel
         do {
-            channel = try await bind(metrics: metrics, readiness: readiness, pipeline: pipeline)
+            channel = try await bind(group: group, metrics: metrics, readiness: readiness, pipeline: pipeline)
         } catch {
             throw AdminServerError(host: host, port: port, underlying: "\(error)")
         }
@@ -64,14 +73,17 @@ public final class AdminServer: Service, Sendable {
     }
 
     private func bind(
+        group: MultiThreadedEventLoopGroup,
         metrics: @escaping @Sendable () -> [UInt8],
         readiness: @escaping @Sendable () -> Readiness,
         pipeline: PipelineWatch?
     ) async throws -> any Channel {
-        try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+        let idleTimeout = self.idleTimeout
+        return try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idleTimeout))
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
                     try channel.pipeline.syncOperations.addHandler(AdminHandler(metrics: metrics, readiness: readiness, pipeline: pipeline))
                 }
@@ -147,6 +159,14 @@ final class AdminHandler: ChannelInboundHandler {
         default:
             return (.notFound, "text/plain", Array("not found; try /metrics, /healthz or /readyz\n".utf8))
         }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .read? = event as? IdleStateHandler.IdleStateEvent {
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

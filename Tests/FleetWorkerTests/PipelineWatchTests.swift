@@ -9,6 +9,43 @@ import Testing
 
 @Suite("Admin probes watch the Kafka pipeline")
 struct PipelineWatchTests {
+    @Test("the admin endpoint closes a connection that goes quiet, before or after a request")
+    func quietConnectionsAreClosed() async throws {
+        var logger = Logger(label: "admin-idle-test")
+        logger.logLevel = .critical
+        let admin = AdminServer(
+            host: "127.0.0.1", port: 0, logger: logger, metrics: { Array("up 1\n".utf8) },
+            readiness: { .init(ready: true, detail: "fine") }, idleTimeout: .milliseconds(500)
+        )
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await admin.run() }
+            try await waitUntil("the admin port") { admin.localPort != nil }
+            let port = try #require(admin.localPort)
+            for sendsRequest in [false, true] {
+                let socket = try connectTCP(port: port, receiveTimeoutSeconds: 5)
+                defer { close(socket) }
+                let opened = ContinuousClock.now
+                var received: [UInt8] = []
+                if sendsRequest {
+                    let request = Array("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".utf8)
+                    #expect(request.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, 0) } == request.count)
+                }
+                // Read until the server closes (0) or the 5 s receive timeout (-1).
+                var buffer = [UInt8](repeating: 0, count: 4096)
+                var last = 1
+                while last > 0 {
+                    last = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
+                    if last > 0 { received += buffer[0..<last] }
+                }
+                let waited = ContinuousClock.now - opened
+                #expect(last == 0, "closed by the server, not left open until the read timed out")
+                #expect(waited >= .milliseconds(400) && waited < .seconds(4), "\(waited)")
+                if sendsRequest { #expect(String(decoding: received, as: UTF8.self).contains("up 1"), "answered first") }
+            }
+            group.cancelAll()
+        }
+    }
+
     @Test("a stalled pipeline fails /readyz at once and /healthz after the liveness limit, but not while publishing to Kafka fails")
     func stallFailsProbes() async throws {
         let (cluster, client, producer, publisher) = try ReliablePublisherTests.publisher(topic: "results", logLevel: .critical)
