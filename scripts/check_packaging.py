@@ -1222,6 +1222,8 @@ class Checker:
                             self.problem(path, f"ServiceMonitor {name}: endpoint port '{endpoint.get('port')}' is no port name of Service {s} ({', '.join(map(str, names))})")
                     if endpoint.get("path", "/metrics") != "/metrics":
                         self.problem(path, f"ServiceMonitor {name}: endpoint path must be /metrics")
+            if kind == "PrometheusRule":
+                self.check_alert_rules(path, name, monitor)
             if kind == "PodDisruptionBudget":
                 selector = ((monitor.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
                 matched = [d for d, (_, o) in deployments.items() if labels_match(selector, o["_pod_labels"])]
@@ -1236,6 +1238,28 @@ class Checker:
             if not any(k == "PodDisruptionBudget" and labels_match(((o.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}, deployments[name][1]["_pod_labels"])
                        for (k, _), (_, o) in self.k8s.items()):
                 self.problem(deployments[name][0], f"Deployment {name}: no PodDisruptionBudget selects its pods")
+
+    def check_alert_rules(self, path, name, rule):
+        """Every alert queries metrics the worker exports, has a severity, and says what fired."""
+        series = self.facts.series_names()
+        groups = (rule.get("spec") or {}).get("groups") or []
+        alerts = [r for g in groups for r in g.get("rules") or [] if "alert" in r]
+        if not alerts:
+            self.problem(path, f"PrometheusRule {name}: defines no alert")
+        for alert in alerts:
+            title = alert.get("alert")
+            expr = str(alert.get("expr") or "")
+            if not expr:
+                self.problem(path, f"PrometheusRule {name}: alert {title} has no expr")
+            for metric in promql_metric_names(expr, self.PROMQL_WORDS):
+                self.count("alert metric references checked")
+                if metric not in series:
+                    close = difflib.get_close_matches(metric, sorted(series), n=1)
+                    self.problem(path, f"PrometheusRule {name}: alert {title} queries {metric}, which the worker does not export" + (f" (did you mean {close[0]}?)" if close else ""))
+            if (alert.get("labels") or {}).get("severity") not in ("critical", "warning", "info"):
+                self.problem(path, f"PrometheusRule {name}: alert {title} has no severity label (critical, warning or info)")
+            if not (alert.get("annotations") or {}).get("summary"):
+                self.problem(path, f"PrometheusRule {name}: alert {title} has no summary annotation")
 
     def check_scaled_objects(self, deployments):
         scaled = [(n, p, o) for (k, n), (p, o) in self.k8s.items() if k == "ScaledObject"]
@@ -1458,6 +1482,9 @@ BREAKAGES = [
     ("a dashboard metric the worker does not export", "deploy/grafana/apns-fleet-dashboard.json",
      lambda p: mutate_text(p, "apns_worker_dlq[", "apns_worker_dead_letters["),
      "queries apns_worker_dead_letters"),
+    ("an alert on a metric the worker does not export", "deploy/base/prometheusrule.yaml",
+     lambda p: mutate_text(p, "increase(kafka_consumer_stalls[10m])", "increase(kafka_consumer_stall_count[10m])"),
+     "queries kafka_consumer_stall_count"),
     ("a resource file left out of kustomization.yaml", "deploy/base/kustomization.yaml",
      lambda p: mutate_text(p, "  - poddisruptionbudget.yaml\n", ""),
      "does not list poddisruptionbudget.yaml"),
