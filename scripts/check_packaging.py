@@ -1241,7 +1241,6 @@ class Checker:
 
     def check_alert_rules(self, path, name, rule):
         """Every alert queries metrics the worker exports, has a severity, and says what fired."""
-        series = self.facts.series_names()
         groups = (rule.get("spec") or {}).get("groups") or []
         alerts = [r for g in groups for r in g.get("rules") or [] if "alert" in r]
         if not alerts:
@@ -1251,15 +1250,25 @@ class Checker:
             expr = str(alert.get("expr") or "")
             if not expr:
                 self.problem(path, f"PrometheusRule {name}: alert {title} has no expr")
-            for metric in promql_metric_names(expr, self.PROMQL_WORDS):
-                self.count("alert metric references checked")
-                if metric not in series:
-                    close = difflib.get_close_matches(metric, sorted(series), n=1)
-                    self.problem(path, f"PrometheusRule {name}: alert {title} queries {metric}, which the worker does not export" + (f" (did you mean {close[0]}?)" if close else ""))
+            self.check_queried_metrics(path, f"PrometheusRule {name}: alert {title}", expr, "alert metric references checked")
             if (alert.get("labels") or {}).get("severity") not in ("critical", "warning", "info"):
                 self.problem(path, f"PrometheusRule {name}: alert {title} has no severity label (critical, warning or info)")
             if not (alert.get("annotations") or {}).get("summary"):
                 self.problem(path, f"PrometheusRule {name}: alert {title} has no summary annotation")
+
+    def check_queried_metrics(self, path, where: str, expr: str, counted: str) -> set:
+        """Reports each metric `expr` queries that the worker does not export; returns the
+        exported metrics it queries."""
+        series = self.facts.series_names()
+        used = set()
+        for metric in promql_metric_names(expr, self.PROMQL_WORDS):
+            self.count(counted)
+            if metric in series:
+                used.add(series[metric])
+                continue
+            close = difflib.get_close_matches(metric, sorted(series), n=1)
+            self.problem(path, f"{where}: queries {metric}, which the worker does not export" + (f" (did you mean {close[0]}?)" if close else ""))
+        return used
 
     def check_scaled_objects(self, deployments):
         scaled = [(n, p, o) for (k, n), (p, o) in self.k8s.items() if k == "ScaledObject"]
@@ -1340,7 +1349,6 @@ class Checker:
         except ValueError as error:
             self.problem(path, f"is not valid JSON: {error}")
             return
-        series = self.facts.series_names()
         exprs = []
 
         def walk(panels):
@@ -1361,13 +1369,7 @@ class Checker:
             for var in re.findall(r"\$\{?(\w+)", expr):
                 if var not in variables and not var.startswith("__"):
                     self.problem(path, f"panel '{title}': uses ${var}, which is no dashboard variable")
-            for name in promql_metric_names(expr, self.PROMQL_WORDS):
-                self.count("dashboard metric references checked")
-                if name not in series:
-                    close = difflib.get_close_matches(name, sorted(series), n=1)
-                    self.problem(path, f"panel '{title}': queries {name}, which the worker does not export" + (f" (did you mean {close[0]}?)" if close else ""))
-                else:
-                    used.add(series[name])
+            used |= self.check_queried_metrics(path, f"panel '{title}'", expr, "dashboard metric references checked")
         self.count("dashboard queries parsed", len(exprs))
         # The issue asks for these views; each needs its metric on the dashboard.
         for metric, view in (("apns_worker_notifications", "throughput by outcome"), ("apns_client_latency", "latency percentiles"),
