@@ -45,9 +45,11 @@ public enum SecurityWarnings {
         return warnings
     }
 
-    /// `host` of a `host:port` bootstrap entry (`[v6]:port` too), spaces trimmed.
+    /// `host` of a `host:port` bootstrap entry (`[v6]:port` and `PROTOCOL://host:port` too),
+    /// spaces trimmed.
     static func host(ofBroker entry: String) -> String {
-        let trimmed = entry.trimmingSpaces
+        var trimmed = entry.trimmingSpaces
+        if let scheme = trimmed.firstRange(of: "://") { trimmed = String(trimmed[scheme.upperBound...]) }
         if trimmed.hasPrefix("["), let end = trimmed.firstIndex(of: "]") { return String(trimmed[trimmed.index(after: trimmed.startIndex)..<end]) }
         guard let colon = trimmed.lastIndex(of: ":") else { return trimmed }
         return String(trimmed[..<colon])

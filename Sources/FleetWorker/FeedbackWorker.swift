@@ -306,6 +306,7 @@ public final class FeedbackWorker: Service, Sendable {
                 guard unpublished == 0 else {
                     // A forced stop cut an earlier chunk short: the rest is counted, not sent.
                     unpublished += events.count
+                    lostEvents.add(events.count, ordering: .relaxed)
                     return
                 }
                 // Cancelled (a forced stop) before Kafka took them all: what it did not take is
@@ -313,6 +314,9 @@ public final class FeedbackWorker: Service, Sendable {
                 // taken for a repeat of an event that never went out.
                 feedbackEventsPublishing.add(events.count, ordering: .relaxed)
                 let outcome = await publishing.run { await publishNews(events) }
+                // Counted as lost at once: an exit that does not wait for this poll to end
+                // (overdue, a second signal) reports them too.
+                lostEvents.add(outcome.unpublished, ordering: .relaxed)
                 feedbackEventsPublishing.subtract(events.count, ordering: .relaxed)
                 published += outcome.published
                 unpublished += outcome.unpublished
@@ -344,7 +348,6 @@ public final class FeedbackWorker: Service, Sendable {
         if unpublished > 0 {
             // Say what was lost rather than hide it.
             logger.error("stopped before the feedback service's events were published", metadata: ["app": "\(service.app)", "events": "\(unpublished)"])
-            lostEvents.add(unpublished, ordering: .relaxed)
         }
         return published
     }

@@ -392,7 +392,9 @@ public final class PushWorker: Service, Sendable {
     @inline(never)
     private func rejectionMessages(_ rejected: RejectedJob, record: KafkaRecord) -> [KafkaOutgoingMessage] {
         // A producer sends jobs that can never be sent: worth a warning, without tokens in full.
-        invalidJobLogs.log(.warning, "job is invalid; sent to the DLQ", metadata: [
+        // A retry record refused now was sent before: its results are `failed`, not `invalid`.
+        let wasSent = rejected.results.first?.outcome == .failed
+        invalidJobLogs.log(.warning, wasSent ? "retry record can no longer be sent; failed, sent to the DLQ" : "job is invalid; sent to the DLQ", metadata: [
             "job.id": "\(rejected.results.first?.jobID ?? "")",
             "apns.token": "\(Self.shortToken(rejected.results.first?.token ?? ""))",
             "job.tokens": "\(rejected.results.count)",
@@ -474,7 +476,10 @@ public final class PushWorker: Service, Sendable {
     /// would be published again forever and hold its partition's offset back. The records carry
     /// the latest not-before of its tokens; none when `later` is empty.
     private func retryMessages(_ later: [LaterAttempt], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
-        guard let retry = later.max(by: { $0.headers.notBefore < $1.headers.notBefore })?.headers else { return [] }
+        guard var retry = later.max(by: { $0.headers.notBefore < $1.headers.notBefore })?.headers else { return [] }
+        // One record stands for all the tokens: a status one of them got is not the others'
+        // (a 429 for one device, a timeout for another), so it goes only when they all share it.
+        if later.contains(where: { $0.headers.lastStatus != retry.lastStatus }) { retry.lastStatus = nil }
         var headers = retry.applied(to: record.headers.filter {
             $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
         })

@@ -266,6 +266,15 @@ struct JobIntakeTests {
             return
         }
         #expect(rejected.results.first?.reason == "attempt header: must be an integer from 1 to 1000000, got \"-4\"")
+        #expect(rejected.results.first?.outcome == .invalid, "no valid attempt: nothing says it was ever sent")
+
+        // A valid attempt beside a damaged not-before: it was sent before, so failed, with its attempts.
+        guard case .rejected(let damaged) = acceptRetry(#"{"token":"\#(tokenA)","payload":{}}"#, headers: [RecordHeader("attempt", "2"), RecordHeader("not-before", "soon")]) else {
+            Issue.record("expected a rejection")
+            return
+        }
+        #expect(damaged.results.map(\.outcome) == [.failed])
+        #expect(damaged.results.map(\.attempts) == [2])
     }
 
     @Test("a retry record whose job no longer decodes answers only for the tokens it names, each once")

@@ -584,7 +584,7 @@ struct ConfigurationLoaderTests {
                     "APNS_FLEET_KAFKA_SASL_USERNAME": "fleet", "APNS_FLEET_KAFKA_SASL_PASSWORD": "pw-not-shown"]
         let remote = try await ConfigurationLoader(environment: sasl.merging(["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092,kafka-1.internal:9092"]) { $1 }).load()
         #expect(SecurityWarnings.all(for: remote) == ["kafka.security-protocol is sasl_plaintext with kafka.sasl.mechanism PLAIN: the SASL password crosses the network in clear; use sasl_ssl, or a SCRAM mechanism"])
-        let local = try await ConfigurationLoader(environment: sasl.merging(["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092,[::1]:9093,localhost:9094"]) { $1 }).load()
+        let local = try await ConfigurationLoader(environment: sasl.merging(["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092,[::1]:9093,localhost:9094,SASL_PLAINTEXT://127.0.0.1:9095"]) { $1 }).load()
         #expect(SecurityWarnings.all(for: local).isEmpty)
         let scram = try await ConfigurationLoader(environment: sasl.merging(["APNS_FLEET_KAFKA_BOOTSTRAP_SERVERS": "kafka-1.internal:9092", "APNS_FLEET_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512"]) { $1 }).load()
         #expect(SecurityWarnings.all(for: scram).isEmpty)

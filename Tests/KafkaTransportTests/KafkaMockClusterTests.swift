@@ -124,7 +124,9 @@ struct KafkaMockClusterTests {
     @Test("a failed offset commit is reported until one succeeds, and the close's own commit counts too")
     func commitFailuresAreReported() async throws {
         let (cluster, producer) = try clusterWithProducer(topic: "commits", partitions: 1)
-        let configuration = consumerConfiguration(cluster, group: "commits-group", topics: ["commits"])
+        var configuration = consumerConfiguration(cluster, group: "commits-group", topics: ["commits"])
+        // Slow enough that a failure stays reported for a second or more, whatever the load.
+        configuration.commitInterval = .seconds(1)
         let consumer = try KafkaConsumer(configuration: configuration, logger: testLogger)
         let received = ReceivedRecords()
         let offsetMetadataTooLarge = try #require(KafkaErrorCodes.code(named: "OFFSET_METADATA_TOO_LARGE"))
@@ -133,12 +135,16 @@ struct KafkaMockClusterTests {
                 group.addTask { try await consumer.run() }
                 group.addTask { await consumeLoop(consumer, into: received) }
                 try await waitUntil("the partition to be assigned") { consumer.assignment.count == 1 }
-                // Refused for good (librdkafka does not retry it): the next commit must carry it.
-                cluster.pushRequestErrors(api: .offsetCommit, errors: [offsetMetadataTooLarge])
+                // Refused for good (librdkafka does not retry it): the next commits must carry it.
+                cluster.pushRequestErrors(api: .offsetCommit, errors: [offsetMetadataTooLarge, offsetMetadataTooLarge])
                 try await producer.send(KafkaOutgoingMessage(topic: "commits", value: "first".bytes))
-                try await waitUntil("the failure to be reported") { consumer.lastCommitFailure != nil }
-                #expect(consumer.lastCommitFailure == "OFFSET_METADATA_TOO_LARGE for 1 of 1 partitions")
-                // The next automatic commit (200 ms) sends the same offset again, and succeeds.
+                let seen = Shared<String?>(nil)
+                try await waitUntil("the failure to be reported") {
+                    if let failure = consumer.lastCommitFailure { seen.update { $0 = failure } }
+                    return seen.value != nil
+                }
+                #expect(seen.value == "OFFSET_METADATA_TOO_LARGE for 1 of 1 partitions")
+                // A later automatic commit sends the same offset again, and succeeds.
                 try await waitUntil("a commit to succeed") { consumer.lastCommitFailure == nil }
 
                 // From here every commit fails, the close's revocation's among them.
