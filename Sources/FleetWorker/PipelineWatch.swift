@@ -11,19 +11,24 @@ import KafkaTransport
 /// and is being retried: then Kafka is what is wrong (brokers gone, or refusing writes), every
 /// worker waits alike, and a restart would only send again the notifications whose results wait
 /// to be published. librdkafka reports such a failure only after `message.timeout.ms`; the
-/// queue shows it at once.
+/// queue shows it at once. That excuse lasts `kafkaWaitLimit` beyond `unhealthyAfter`, not for
+/// ever: a worker whose own producer is stuck (a broker only its node cannot reach) would
+/// otherwise keep its partitions, unready, until someone deleted it. After a fleet-wide outage
+/// that long, a restart costs duplicates only, and restarted workers wait without partitions.
 public struct PipelineWatch: Sendable {
     private let consumer: KafkaConsumer
     private let producer: KafkaProducer
     private let publishStalls: PublishStalls
     private let unhealthyAfter: Duration?
+    private let kafkaWaitLimit: Duration
 
     /// `unhealthyAfter` nil: a stall never fails the liveness probe.
-    public init(consumer: KafkaConsumer, producer: KafkaProducer, publishStalls: PublishStalls, unhealthyAfter: Duration?) {
+    public init(consumer: KafkaConsumer, producer: KafkaProducer, publishStalls: PublishStalls, unhealthyAfter: Duration?, kafkaWaitLimit: Duration = .seconds(900)) {
         self.consumer = consumer
         self.producer = producer
         self.publishStalls = publishStalls
         self.unhealthyAfter = unhealthyAfter
+        self.kafkaWaitLimit = kafkaWaitLimit
     }
 
     /// Why the process is not ready, as far as the pipeline goes; nil when it moves.
@@ -33,9 +38,10 @@ public struct PipelineWatch: Sendable {
 
     /// Why the process should be restarted; nil when it should not.
     func livenessProblem(now: ContinuousClock.Instant = .now) -> String? {
-        guard let unhealthyAfter, let stall = consumer.stall(now: now), stall.duration >= unhealthyAfter,
-            producer.queuedMessages == 0, publishStalls.problem(longerThan: .zero, now: now) == nil
-        else { return nil }
-        return "\(stall); restarting moves its partitions to other workers"
+        guard let unhealthyAfter, let stall = consumer.stall(now: now), stall.duration >= unhealthyAfter else { return nil }
+        let waitingOnKafka = producer.queuedMessages > 0 || publishStalls.problem(longerThan: .zero, now: now) != nil
+        guard waitingOnKafka else { return "\(stall); restarting moves its partitions to other workers" }
+        guard stall.duration >= unhealthyAfter + kafkaWaitLimit else { return nil }
+        return "\(stall), and waiting on Kafka for more than \(kafkaWaitLimit) past the stall limit; restarting moves its partitions to other workers"
     }
 }

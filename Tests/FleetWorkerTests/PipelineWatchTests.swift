@@ -58,11 +58,12 @@ struct PipelineWatchTests {
         configuration.pollTimeout = .milliseconds(50)
         configuration.stallWarning = .seconds(1)
         let consumer = try KafkaConsumer(configuration: configuration, logger: logger)
+        let watch = PipelineWatch(consumer: consumer, producer: producer, publishStalls: publisher.stalls, unhealthyAfter: .seconds(6), kafkaWaitLimit: .seconds(600))
         let admin = AdminServer(
             host: "127.0.0.1", port: 0, logger: logger,
             metrics: { [] },
             readiness: { .init(ready: true, detail: "fine") },
-            pipeline: PipelineWatch(consumer: consumer, producer: producer, publishStalls: publisher.stalls, unhealthyAfter: .seconds(6))
+            pipeline: watch
         )
         let held = Shared<[KafkaRecord]>([])
         try await withTimeout(90, "the stalled pipeline") {
@@ -97,6 +98,11 @@ struct PipelineWatchTests {
                 try await waitUntil("the result to wait in the producer") { producer.queuedMessages > 0 }
                 #expect(try httpGet(port: port, path: "/healthz").status == 200)
                 #expect(publisher.stalls.problem(longerThan: .zero) == nil, "no failure reported yet")
+                // Not for ever: past the stall limit plus the Kafka wait limit (10 minutes here), a
+                // worker still waiting on Kafka is restarted (its own producer may be what is stuck).
+                #expect(watch.livenessProblem(now: .now + .seconds(300)) == nil)
+                let overdue = watch.livenessProblem(now: .now + .seconds(620))
+                #expect(overdue?.contains("waiting on Kafka for more than 600.0 seconds past the stall limit") == true, "\(overdue ?? "nil")")
                 cluster.clearRequestErrors(api: .produce)
                 _ = try await waiting.value
                 try await waitUntil("/healthz to fail again", timeout: 10) {
@@ -109,6 +115,7 @@ struct PipelineWatchTests {
                 let publishing = Task { await publisher.publish([KafkaOutgoingMessage(topic: "results", value: Array("{}".utf8))]) }
                 try await waitUntil("the failing publish", timeout: 20) { publisher.stalls.problem(longerThan: .zero) != nil }
                 #expect(try httpGet(port: port, path: "/healthz").status == 200)
+                #expect(watch.livenessProblem(now: .now + .seconds(620)) != nil, "a publish failing for ever is no excuse for ever")
                 #expect(try httpGet(port: port, path: "/readyz").status == 503)
                 publishing.cancel()
                 _ = await publishing.value

@@ -124,9 +124,7 @@ struct KafkaMockClusterTests {
     @Test("a failed offset commit is reported until one succeeds, and the close's own commit counts too")
     func commitFailuresAreReported() async throws {
         let (cluster, producer) = try clusterWithProducer(topic: "commits", partitions: 1)
-        var configuration = consumerConfiguration(cluster, group: "commits-group", topics: ["commits"])
-        // Slow enough that a failure stays reported for a second or more, whatever the load.
-        configuration.commitInterval = .seconds(1)
+        let configuration = consumerConfiguration(cluster, group: "commits-group", topics: ["commits"])
         let consumer = try KafkaConsumer(configuration: configuration, logger: testLogger)
         let received = ReceivedRecords()
         let offsetMetadataTooLarge = try #require(KafkaErrorCodes.code(named: "OFFSET_METADATA_TOO_LARGE"))
@@ -135,16 +133,14 @@ struct KafkaMockClusterTests {
                 group.addTask { try await consumer.run() }
                 group.addTask { await consumeLoop(consumer, into: received) }
                 try await waitUntil("the partition to be assigned") { consumer.assignment.count == 1 }
-                // Refused for good (librdkafka does not retry it): the next commits must carry it.
-                cluster.pushRequestErrors(api: .offsetCommit, errors: [offsetMetadataTooLarge, offsetMetadataTooLarge])
+                // Refused for good (librdkafka does not retry it); every commit fails until the
+                // errors are cleared, so the failure stays reported however slowly this test runs.
+                cluster.pushRequestErrors(api: .offsetCommit, errors: Array(repeating: offsetMetadataTooLarge, count: 1000))
                 try await producer.send(KafkaOutgoingMessage(topic: "commits", value: "first".bytes))
-                let seen = Shared<String?>(nil)
-                try await waitUntil("the failure to be reported") {
-                    if let failure = consumer.lastCommitFailure { seen.update { $0 = failure } }
-                    return seen.value != nil
-                }
-                #expect(seen.value == "OFFSET_METADATA_TOO_LARGE for 1 of 1 partitions")
+                try await waitUntil("the failure to be reported") { consumer.lastCommitFailure != nil }
+                #expect(consumer.lastCommitFailure == "OFFSET_METADATA_TOO_LARGE for 1 of 1 partitions")
                 // A later automatic commit sends the same offset again, and succeeds.
+                cluster.clearRequestErrors(api: .offsetCommit)
                 try await waitUntil("a commit to succeed") { consumer.lastCommitFailure == nil }
 
                 // From here every commit fails, the close's revocation's among them.
