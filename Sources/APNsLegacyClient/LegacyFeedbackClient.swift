@@ -53,6 +53,9 @@ public struct LegacyFeedbackClient: Sendable {
 
     /// Past the deadline, a service that sent something this recently is still sending.
     static let stillSending = TimeAmount.seconds(1)
+    /// How long a ready connection that has carried no byte must stay silent to count as an
+    /// empty list (at least; `quietEnd` if that is longer).
+    static let emptyListQuiet = TimeAmount.seconds(5)
 
     /// Connects, reads tuples until the server closes the connection, and hands them to
     /// `deliver` in order, at most `chunkSize` at a time. Reading pauses once a chunk is full
@@ -135,14 +138,18 @@ public struct LegacyFeedbackClient: Sendable {
             let paused = reader.pausedTime(now: now)
             let reading = (now - startedAt) - paused.total
             let sinceLastRead = reader.quietTime(now: now)
-            if !paused.now, let sinceLastRead, sinceLastRead - late >= quiet {
+            // Before the first byte, silence is taken for an empty list only after at least
+            // `emptyListQuiet`: a service slow to start sending must not be cut off (what it then
+            // writes to a closed connection, it has forgotten).
+            let quietNeeded = reader.hasReadBytes ? quiet : max(quiet, Self.emptyListQuiet)
+            if !paused.now, let sinceLastRead, sinceLastRead - late >= quietNeeded {
                 signal.yield(.ended(.quiet))
                 channel.close(promise: nil)
                 return
             }
             guard !paused.now, reading >= budget else {
                 var wait = paused.now ? .milliseconds(100) : budget - reading
-                if !paused.now { wait = min(wait, quiet - (sinceLastRead ?? .zero)) }
+                if !paused.now { wait = min(wait, quietNeeded - (sinceLastRead ?? .zero)) }
                 return check(in: wait)
             }
             // Past the budget, a service still sending is not cut off at once: it has forgotten
@@ -289,6 +296,9 @@ private final class FeedbackReader: ChannelDuplexHandler {
         func sinceLastRead(now: NIODeadline) -> TimeAmount? {
             state.withLock { state in state.bytesRead > 0 ? state.lastActivity.map { now - $0 } : nil }
         }
+
+        /// Whether the service has sent anything yet.
+        var hasReadBytes: Bool { state.withLock { $0.bytesRead > 0 } }
 
         /// The connection can carry tuples from now on: the quiet clock starts.
         func ready() {

@@ -159,7 +159,10 @@ struct FeedbackClientTests {
         var tuples: [FeedbackTuple] = []
         try await client.fetch(timeout: .seconds(20), quietEnd: .milliseconds(500)) { tuples += $0 }
         #expect(tuples.isEmpty)
-        #expect(ContinuousClock.now - start < .seconds(10), "ended once quiet, not at the 20 s deadline")
+        // Silence before the first byte counts only after 5 s (a service slow to start sending
+        // is not cut off), whatever the shorter quiet end between tuples.
+        let waited = ContinuousClock.now - start
+        #expect(waited >= .milliseconds(4900) && waited < .seconds(15), "ended once quiet for 5 s, not at the 20 s deadline: \(waited)")
         await server.stop()
     }
 
