@@ -215,7 +215,7 @@ struct GatewayStateMachine<Waiter> {
             finish(window[index].key, passed ? .accepted : .rejected(response.status), &actions)
             // Dropped by the gateway, certainly not processed: re-sending cannot duplicate them.
             requeue(window[(index + 1)...].map(\.key), countsAsResend: false, because: response, &actions)
-        } else if !configuration.identifiesNotifications, !passed, window.count == 1, connection.carried == 1, let only = window.first {
+        } else if !configuration.identifiesNotifications, !passed, connection.carried == 1, let only = window.first {
             // The simple format names nothing, but on a connection that carried one notification
             // a failure can only be its own. With others before it (confirmed by their quiet
             // period), a late error-response may be theirs: rejecting this one would invalidate

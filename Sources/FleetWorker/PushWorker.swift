@@ -552,8 +552,7 @@ public final class PushWorker: Service, Sendable {
     }
 
     private func noRetry(token: DeviceToken, of job: JobInFlight, progress: SendProgress, reason: String) -> NotificationResult {
-        var status: Int?
-        if case .answered(let answered, _)? = progress.last?.attempt { status = answered }
+        let status = progress.last?.attempt.status
         logFinished(job, token: token, outcome: .failed, status: status, reason: reason, attempts: progress.attempts)
         return result(
             job, token: token, outcome: .failed, status: status, reason: reason,
@@ -681,9 +680,7 @@ public final class PushWorker: Service, Sendable {
                 "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
                 "apns.attempt": "\(attempt)", "apns.last_reason": "\(lastReason)", "apns.not_before": "\(notBefore.value)",
             ])
-            var lastStatus: Int?
-            if case .answered(let answered, _) = sent.attempt { lastStatus = answered }
-            let headers = RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason, lastStatus: lastStatus)
+            let headers = RetryHeaders(attempt: attempt, notBefore: notBefore, lastReason: lastReason, lastStatus: sent.attempt.status)
             return .done(.later(LaterAttempt(token: token, headers: headers, last: sent, latency: progress.totalLatency)))
         }
     }

@@ -35,6 +35,13 @@ public struct RetryHeaders: Sendable, Hashable {
         ] + (lastStatus.map { [RecordHeader(Self.lastStatusKey, String($0))] } ?? [])
     }
 
+    /// An `attempt` header's value, if valid: bounded far above any retry.max-attempts (at most
+    /// 1,000), so counting on cannot overflow.
+    public static func attempt(_ text: String) -> Int? {
+        guard let attempt = JobRules.integer(text).map(Int.init), attempt >= 1, attempt <= maximumAttempt else { return nil }
+        return attempt
+    }
+
     /// The record's headers with any earlier retry headers replaced by these.
     public func applied(to original: [RecordHeader]) -> [RecordHeader] {
         original.filter { !Self.keys.contains($0.key) } + headers
@@ -43,8 +50,7 @@ public struct RetryHeaders: Sendable, Hashable {
     /// Reads the retry headers of a record; nil when it has none (a first attempt).
     public init?(headers: [RecordHeader]) throws(ContractDecodingError) {
         guard let attemptText = headers.text(Self.attemptKey) else { return nil }
-        // Bounded far above any retry.max-attempts (at most 1,000), so counting on cannot overflow.
-        guard let attempt = JobRules.integer(attemptText).map(Int.init), attempt >= 1, attempt <= Self.maximumAttempt else {
+        guard let attempt = Self.attempt(attemptText) else {
             throw ContractDecodingError(contract: "retry headers", field: Self.attemptKey, "must be an integer from 1 to \(Self.maximumAttempt), got \(JobRules.quoted(JobRules.clip(attemptText)))")
         }
         guard let notBeforeText = headers.text(Self.notBeforeKey), let notBefore = JobRules.integer(notBeforeText), notBefore >= 0 else {

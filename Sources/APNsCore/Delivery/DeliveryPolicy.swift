@@ -11,6 +11,12 @@ public enum AttemptResult: Sendable, Hashable {
         return false
     }
 
+    /// APNs's HTTP status, when it answered.
+    public var status: Int? {
+        if case .answered(let status, _) = self { return status }
+        return nil
+    }
+
     /// What a retry names as its last reason: APNs's reason, or the status, or why no answer came.
     public var lastReason: String {
         switch self {

@@ -63,7 +63,7 @@ public struct JobIntake: Sendable {
         } catch {
             // Still its job's id, and only the tokens it was retrying: the job's others already
             // have their results. A valid `attempt` beside a damaged header still says it was sent.
-            let attempt = retryHeaders.text(RetryHeaders.attemptKey).flatMap { JobRules.integer($0) }.flatMap { (1...Int64(RetryHeaders.maximumAttempt)).contains($0) ? Int($0) : nil }
+            let attempt = retryHeaders.text(RetryHeaders.attemptKey).flatMap(RetryHeaders.attempt)
             return reject(
                 JobRejection(field: "\(error.field ?? "retry") header", error.message), value: value, headers: headers, source: source, now: now,
                 jobID: inheritedID, tokens: Self.namedRetryTokens(retryHeaders), previousAttempts: attempt ?? 0
