@@ -20,10 +20,13 @@ import NIOCore
 /// `progress` and `message` need no lock of their own.
 final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchecked Sendable {
     private let worker: PushWorker
-    private let job: JobInFlight
     private let record: KafkaRecord
     private let weight: Int
-    private let notification: OutgoingNotification
+    private let token: DeviceToken
+    /// The job and its request until the outcome message is made. Dropped then, on the thread
+    /// that just used them, instead of with this object on the producer's polling thread, where
+    /// freeing them cost cache misses (measured: about 5% of the worker's CPU).
+    private var sending: (job: JobInFlight, notification: OutgoingNotification)?
     private var progress: PushWorker.SendProgress
     private var sentAt = NIODeadline.uptimeNanoseconds(0)
     /// When the answer came, and so (about) when its result went to the producer: a publish that
@@ -37,18 +40,21 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
 
     init(worker: PushWorker, job: JobInFlight, record: KafkaRecord, weight: Int) {
         self.worker = worker
-        self.job = job
         self.record = record
         self.weight = weight
         // The caller checked that the job has exactly one token.
-        self.notification = worker.makeNotification(token: job.tokens[0], of: job)
+        let notification = worker.makeNotification(token: job.tokens[0], of: job)
+        self.token = notification.token
+        self.sending = (job, notification)
         self.progress = PushWorker.SendProgress(attempts: job.previousAttempts)
     }
 
     /// Sends, unless the job's deadline or expiration already passed.
     func start() {
-        if let finished = worker.finishedBeforeSending(job, token: notification.token, progress: progress) {
-            publish(worker.outcomeMessage(finished, of: job, record: record))
+        // Set until the outcome message is made, which ends the sending.
+        guard case let (job, notification)? = sending else { return }
+        if let finished = worker.finishedBeforeSending(job, token: token, progress: progress) {
+            publish(outcomeOf: finished, job: job)
             return
         }
         progress.attempts += 1
@@ -57,15 +63,16 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
     }
 
     func receive(_ outcome: APNsOutcome, tag: Int) {
+        guard case let (job, notification)? = sending else { return }
         let now = NIODeadline.now()
         answeredAt = now
         if progress.attempts == job.previousAttempts + 1, case .answered(let response) = outcome {
             recordAddedLatency(answeredAt: now, response: response)
         }
         let sent = SendResult(outcome, sentID: notification.request.apnsID, latencyMs: sentAt.milliseconds(until: now))
-        switch worker.afterSending(sent, job: job, token: notification.token, sendBy: notification.sendBy, progress: &progress) {
+        switch worker.afterSending(sent, job: job, token: token, sendBy: notification.sendBy, progress: &progress) {
         case .done(let finished):
-            publish(worker.outcomeMessage(finished, of: job, record: record))
+            publish(outcomeOf: finished, job: job)
         case .retryInProcess(let delay):
             // Only this device waits (a 429, a 503, a lost connection); rare, so a task is fine.
             worker.continueLater({
@@ -93,7 +100,10 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         worker.addedLatency.recordNanoseconds(max(0, onTheWire - Int64(polledAt)))
     }
 
-    private func publish(_ message: KafkaOutgoingMessage) {
+    private func publish(outcomeOf outcome: PushWorker.TokenOutcome, job: JobInFlight) {
+        let message = worker.outcomeMessage(outcome, of: job, record: record)
+        // Before the send: the delivery report may come (on another thread) before it returns.
+        sending = nil
         self.message = message
         do throws(KafkaError) {
             try worker.publisher.producer.send(message, reportingTo: self)
@@ -108,7 +118,7 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         // Set before every send; without it there is nothing to publish again, and the slot at
         // least goes back.
         guard let message else { return abandon() }
-        let progress = [notification.token: progress]
+        let progress = [token: progress]
         // A retry record its topic refuses as too large is refused for good as it is: what stands
         // for it goes out instead. Anything else goes out again (cut short by the publisher if
         // it is refused as too large once more).
