@@ -53,6 +53,11 @@ struct ContractCodecTests {
         #expect(UnixMillis(0).rfc3339 == "1970-01-01T00:00:00.000Z")
         #expect(UnixMillis(951_782_400_000).rfc3339 == "2000-02-29T00:00:00.000Z")
         #expect(UnixMillis(-1).rfc3339 == "1969-12-31T23:59:59.999Z")
+        #expect(UnixMillis(1_795_391_278_087).rfc3339 == "2026-11-22T23:47:58.087Z")
+        // The ends of the four-digit years, and past them (written wider, not wrapped).
+        #expect(UnixMillis(-62_135_596_800_000).rfc3339 == "0001-01-01T00:00:00.000Z")
+        #expect(UnixMillis(253_402_300_799_999).rfc3339 == "9999-12-31T23:59:59.999Z")
+        #expect(UnixMillis(253_402_300_800_000).rfc3339 == "10000-01-01T00:00:00.000Z")
         #expect(UnixMillis(rfc3339: "2026-11-22T10:00:00.123Z") == UnixMillis(1_795_341_600_123))
         #expect(UnixMillis(rfc3339: "2026-11-22T10:00:00Z") == UnixMillis(1_795_341_600_000))
         #expect(UnixMillis(rfc3339: "2026-11-22T10:00:00.5Z") == UnixMillis(1_795_341_600_500))

@@ -43,19 +43,52 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
             days -= 1
         }
         let (year, month, day) = Self.civil(fromDays: days)
-        Self.append(year, 4, to: &bytes)
+        guard (0...9999).contains(year) else {
+            return Self.appendPadded(year: year, month: month, day: day, secondsOfDay: Int(secondsOfDay), millis: millis, to: &bytes)
+        }
+        let seconds = Int(secondsOfDay)
+        // One append for all 24 bytes, and digits by constant divisors: appended byte by byte,
+        // each with its own uniqueness check and division by a variable, this showed in profiles
+        // (every result carries a timestamp).
+        bytes.append(addingCapacity: 24) { out in
+            func digits2(_ value: Int) {
+                out.append(UInt8(truncatingIfNeeded: 48 + value / 10))
+                out.append(UInt8(truncatingIfNeeded: 48 + value % 10))
+            }
+            digits2(year / 100)
+            digits2(year % 100)
+            out.append(UInt8(ascii: "-"))
+            digits2(month)
+            out.append(UInt8(ascii: "-"))
+            digits2(day)
+            out.append(UInt8(ascii: "T"))
+            digits2(seconds / 3600)
+            out.append(UInt8(ascii: ":"))
+            digits2(seconds % 3600 / 60)
+            out.append(UInt8(ascii: ":"))
+            digits2(seconds % 60)
+            out.append(UInt8(ascii: "."))
+            out.append(UInt8(truncatingIfNeeded: 48 + millis / 100))
+            digits2(millis % 100)
+            out.append(UInt8(ascii: "Z"))
+        }
+    }
+
+    /// The form for a year outside 0...9999 (which no real job has): written as before.
+    private static func appendPadded(year: Int, month: Int, day: Int, secondsOfDay: Int, millis: Int, to bytes: inout [UInt8]) {
+        append(year, 4, to: &bytes)
         bytes.append(UInt8(ascii: "-"))
-        Self.append(month, 2, to: &bytes)
+        append(month, 2, to: &bytes)
         bytes.append(UInt8(ascii: "-"))
-        Self.append(day, 2, to: &bytes)
+        append(day, 2, to: &bytes)
         bytes.append(UInt8(ascii: "T"))
-        Self.append(Int(secondsOfDay / 3600), 2, to: &bytes)
+        append(secondsOfDay / 3600, 2, to: &bytes)
         bytes.append(UInt8(ascii: ":"))
-        Self.append(Int(secondsOfDay % 3600 / 60), 2, to: &bytes)
+        append(secondsOfDay % 3600 / 60, 2, to: &bytes)
         bytes.append(UInt8(ascii: ":"))
-        Self.append(Int(secondsOfDay % 60), 2, to: &bytes)
+        append(secondsOfDay % 60, 2, to: &bytes)
         bytes.append(UInt8(ascii: "."))
-        Self.append(millis, 3, to: &bytes)
+        append(millis, 3, to: &bytes)
         bytes.append(UInt8(ascii: "Z"))
     }
 
