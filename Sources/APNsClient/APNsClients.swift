@@ -26,6 +26,10 @@ public final class APNsClients: Service, Sendable {
     }
 
     public let pools: [Key: APNsClientPool]
+    /// The same pools as a list, searched in order while there are few of them (the usual one to
+    /// a few apps): comparing short app names costs less than hashing one per notification.
+    private let poolList: [(key: Key, pool: APNsClientPool)]
+    private static let listedPoolsAtMost = 16
     private let eventLoopGroup: any EventLoopGroup
 
     /// Pools from ready-made configurations; the key is the configuration's name and endpoint.
@@ -41,6 +45,7 @@ public final class APNsClients: Service, Sendable {
             pools[key] = try APNsClientPool(configuration: configuration, eventLoopGroup: eventLoopGroup, logger: logger)
         }
         self.pools = pools
+        self.poolList = pools.count <= Self.listedPoolsAtMost ? pools.map { ($0.key, $0.value) } : []
         self.eventLoopGroup = eventLoopGroup
     }
 
@@ -74,7 +79,15 @@ public final class APNsClients: Service, Sendable {
 
     /// The pool for `app` and `environment` (or the app's custom-endpoint pool).
     public func pool(app: String, environment: APNsEnvironment) -> APNsClientPool? {
-        pools[Key(app: app, environment: environment)] ?? pools[Key(app: app, environment: nil)]
+        guard !poolList.isEmpty else {
+            return pools[Key(app: app, environment: environment)] ?? pools[Key(app: app, environment: nil)]
+        }
+        var custom: APNsClientPool?
+        for entry in poolList where entry.key.app == app {
+            if entry.key.environment == environment { return entry.pool }
+            if entry.key.environment == nil { custom = entry.pool }
+        }
+        return custom
     }
 
     /// The pools a worker needs to be ready: each app's pool in the environment its jobs use by

@@ -790,6 +790,14 @@ struct PoolsPerAppTests {
         #expect(Set(clients.pools.keys.map(\.description)) == ["prod/production", "dev/sandbox", "both/production", "both/sandbox", "sim"])
         #expect(clients.pool(app: "prod", environment: .sandbox) == nil)
         #expect(clients.pool(app: "sim", environment: .sandbox) != nil)
+        // Each lookup finds its own pool; a simulator's one serves both environments.
+        for (key, pool) in clients.pools {
+            for environment in key.environment.map({ [$0] }) ?? [.production, .sandbox] {
+                #expect(clients.pool(app: key.app, environment: environment) === pool, "\(key) in \(environment)")
+            }
+        }
+        #expect(clients.pool(app: "legacy", environment: .production) == nil)
+        #expect(clients.pool(app: "unknown", environment: .production) == nil)
         clients.shutdown()
     }
 }
