@@ -656,8 +656,10 @@ public final class PushWorker: Service, Sendable {
         progress.last = sent
         progress.totalLatency += sent.latencyMs
         let attempt = progress.attempts
+        // One clock reading for the decision and the result's `sent_at`.
+        let decidedAt = now()
         let decision = policy.after(
-            attempt: attempt, result: sent.attempt, now: now(),
+            attempt: attempt, result: sent.attempt, now: decidedAt,
             deadline: job.deadline, expiration: job.expiration,
             cutoffPassed: sent.attempt.isNotAnswered && sendBy <= .now(),
             jitter: random.withLock { $0.nextUnit() }
@@ -667,7 +669,7 @@ public final class PushWorker: Service, Sendable {
             logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt)
             return .done(.finished(result(
                 job, token: token, outcome: outcome, status: status, reason: reason,
-                attempts: attempt, latency: progress.totalLatency, send: sent
+                attempts: attempt, latency: progress.totalLatency, send: sent, at: decidedAt
             )))
         case .retryInProcess(let delay, let lastReason):
             logger.debug("retrying in process", metadata: [
@@ -708,14 +710,14 @@ public final class PushWorker: Service, Sendable {
 
     private func result(
         _ job: JobInFlight, token: DeviceToken, outcome: Outcome, status: Int?, reason: String?,
-        attempts: Int, latency: Double, send: SendResult?
+        attempts: Int, latency: Double, send: SendResult?, at sentAt: UnixMillis? = nil
     ) -> NotificationResult {
         NotificationResult(
             jobID: job.jobID, token: token.hex, topic: job.job.topic, app: job.appName,
             outcome: outcome, status: status, reason: reason,
             apnsID: send?.apnsID, apnsUniqueID: send?.apnsUniqueID,
             unregisteredAt: outcome == .rejected ? send?.unregisteredAt : nil,
-            attempts: attempts, latencyMs: latency, sentAt: now(), worker: configuration.workerID,
+            attempts: attempts, latencyMs: latency, sentAt: sentAt ?? now(), worker: configuration.workerID,
             meta: job.job.job.meta, source: job.source
         )
     }
