@@ -124,15 +124,11 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         // least goes back.
         guard let message else { return abandon() }
         let progress = [token: progress]
-        // A retry record its topic refuses as too large is refused for good as it is: what stands
-        // for it goes out instead. Anything else goes out again (cut short by the publisher if
-        // it is refused as too large once more).
-        let replacements = error.rdKafkaCode == KafkaError.messageSizeTooLargeCode
-            ? worker.replaceTooLarge(message, for: record, progress: progress) : nil
-        if replacements == nil {
-            worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
-        }
-        let messages = replacements ?? [message]
+        // Published again by itself, even when refused as too large: it went out in a batch
+        // with other deliveries' messages, which the broker refuses whole. Refused again alone,
+        // what stands for it (a split retry record, `failed` results) goes out instead.
+        worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
+        let messages = [message]
         let since = answeredAt.uptimeNanoseconds > 0 ? ContinuousClock.now - .nanoseconds((NIODeadline.now() - answeredAt).nanoseconds) : nil
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and

@@ -50,27 +50,36 @@ struct ReliablePublisher: Sendable {
             // Whether every message to publish again is a new one standing for a refused one:
             // those go out at once, not after a backoff.
             var onlyReplacements = true
-            pending = failed.flatMap { message, error -> [KafkaOutgoingMessage] in
+            // Kafka checks a topic's max.message.bytes against a whole batch and refuses every
+            // message in it: one refused as too large beside others may fit by itself. Each is
+            // sent again alone (waiting for its report before the next) before anything stands
+            // in for it; split or failed at once, retry records that fit would end `failed`.
+            let inCompany = pending.count > 1
+            var refusedAlone: [KafkaOutgoingMessage] = []
+            pending = []
+            for (message, error) in failed {
                 guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else {
                     onlyReplacements = false
-                    return [message]
+                    pending.append(message)
+                    continue
                 }
-                // The topic's own max.message.bytes may be below the producer's, which the
-                // worker sized its records by.
-                if let replacements = replaceTooLarge(message) { return replacements }
-                // Too large is permanent: retried as it is, it would hold its record, and so its
-                // partition's offset, forever. Only a DLQ copy of a huge job is that large (in
-                // its value or its headers); a small message refused with it was in a batch the
-                // broker refused whole.
-                guard let smaller = shrunk(message) else {
+                guard inCompany else {
+                    refusedAlone.append(message)
+                    continue
+                }
+                if Task.isCancelled { return false }
+                guard let (_, again) = await sendAll([message]).first else { continue }
+                if again.rdKafkaCode == KafkaError.messageSizeTooLargeCode {
+                    refusedAlone.append(message)
+                } else {
                     onlyReplacements = false
-                    // One per message and round: throttled, or a refused batch floods the log.
-                    batchTooLargeLogs.log(.error, "Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
-                        "kafka.topic": "\(message.topic)",
-                    ], to: logger)
-                    return [message]
+                    pending.append(message)
                 }
-                return [smaller]
+            }
+            for message in refusedAlone {
+                let standIn = self.standIn(forTooLarge: message, replaceTooLarge)
+                if !standIn.replaced { onlyReplacements = false }
+                pending += standIn.messages
             }
             guard !pending.isEmpty else { break }
             if Task.isCancelled { return false }
@@ -79,6 +88,29 @@ struct ReliablePublisher: Sendable {
             delayMilliseconds = min(delayMilliseconds * 2, 5000)
         }
         return true
+    }
+
+    /// What to publish instead of a message Kafka refused as too large even by itself: its
+    /// stand-in (`replaced`), a copy cut short (`replaced`), or, where nothing may be cut, the
+    /// message again after the backoff.
+    private func standIn(
+        forTooLarge message: KafkaOutgoingMessage, _ replaceTooLarge: (KafkaOutgoingMessage) -> [KafkaOutgoingMessage]?
+    ) -> (messages: [KafkaOutgoingMessage], replaced: Bool) {
+        // The topic's own max.message.bytes may be below the producer's, which the worker sized
+        // its records by.
+        if let replacements = replaceTooLarge(message) { return (replacements, true) }
+        // Too large is permanent: retried as it is, it would hold its record, and so its
+        // partition's offset, forever. Only a DLQ copy of a huge job is that large (in its value
+        // or its headers); a small message refused even alone was batched with another
+        // publish's messages, in a batch the broker refused whole.
+        guard let smaller = shrunk(message) else {
+            // One per message and round: throttled, or a refused batch floods the log.
+            batchTooLargeLogs.log(.error, "Kafka refused a batch as too large; keep the producer's batch.size below the topic's max.message.bytes", metadata: [
+                "kafka.topic": "\(message.topic)",
+            ], to: logger)
+            return ([message], false)
+        }
+        return ([smaller], true)
     }
 
     /// How much of a message's value is kept when Kafka refuses it as too large.
