@@ -307,7 +307,7 @@ final class ConsumerCore: @unchecked Sendable {
     /// When the close was first asked for: every drain from then on (one already running in a
     /// rebalance, then the close's own) ends by that time plus the drain timeout, so that a
     /// stop stays within the budget the process gives it.
-    private var closeRequestedAt: Date?
+    private var closeRequestedAt: ContinuousClock.Instant?
     private var revoking: Set<TopicPartition> = []
     /// Records skipped because their offset was not past the last one taken under the same
     /// assignment (the partition's log went back), by partition: the lowest offset and a count.
@@ -395,7 +395,7 @@ final class ConsumerCore: @unchecked Sendable {
     func requestClose() {
         locked {
             closeRequested = true
-            if closeRequestedAt == nil { closeRequestedAt = Date() }
+            if closeRequestedAt == nil { closeRequestedAt = .now }
             lock.broadcast()
         }
     }
@@ -1251,22 +1251,25 @@ final class ConsumerCore: @unchecked Sendable {
                 locked { _ = pendingRevocations.remove(id) }
             }
         }
-        let drainSeconds = Double(configuration.drainTimeout.milliseconds) / 1000
-        let deadline = Date(timeIntervalSinceNow: drainSeconds)
+        // On the monotonic clock: a wall-clock step (NTP) must not cut a drain short or stretch it.
+        let deadline = ContinuousClock.now + configuration.drainTimeout
         draining.add(1, ordering: .sequentiallyConsistent)
         defer { draining.subtract(1, ordering: .sequentiallyConsistent) }
         lock.lock()
         var timedOut = false
         applyCompletionsLocked()
         while (hookPending && pendingRevocations.contains(id)) || partitions.contains(where: { tracker.inProgress($0) > 0 }) {
-            let stopBy = closeRequestedAt.map { min(deadline, $0.addingTimeInterval(drainSeconds)) } ?? deadline
-            if Date() >= stopBy {
+            let stopBy = closeRequestedAt.map { min(deadline, $0 + configuration.drainTimeout) } ?? deadline
+            let now = ContinuousClock.now
+            if now >= stopBy {
                 timedOut = true
                 break
             }
             // Wake up now and then regardless: a completion may have been recorded without
-            // seeing `draining` yet.
-            _ = lock.wait(until: min(deadline, Date(timeIntervalSinceNow: 0.005)))
+            // seeing `draining` yet. (The condition takes a wall-clock date; only this short
+            // nap is expressed in it.)
+            let nap = min(stopBy - now, .milliseconds(5))
+            _ = lock.wait(until: Date(timeIntervalSinceNow: Double(nap.components.seconds) + Double(nap.components.attoseconds) / 1e18))
             applyCompletionsLocked()
         }
         // Everything still pending is redelivered: what was in progress, what finished behind it,
