@@ -8,16 +8,17 @@
 # asserts and aborts the whole test process. That is a race in the test double, not in this
 # project's code, and it is rare (one CI run in about thirty). Any other failure fails at once.
 set -uo pipefail
-SWIFT="${SWIFT:-swift}"
+# SWIFT may carry flags (make passes its own SWIFT variable).
+read -r -a swift_command <<< "${SWIFT:-swift}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 
-"$SWIFT" test --skip-build "$@" 2>&1 | tee "$log"
+"${swift_command[@]}" test --skip-build "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 if [ "$status" -ne 0 ] && grep -qE 'rdkafka_mock\.c.*(Failed to bind mock broker socket|Failed to-create mock broker listener)|Failed to bind mock broker socket to .*Address already in use' "$log"; then
     echo >&2
     echo "swift-test.sh: the run died on librdkafka's mock-broker port race (see scripts/swift-test.sh); running the suite once more" >&2
-    "$SWIFT" test --skip-build "$@"
+    "${swift_command[@]}" test --skip-build "$@"
     exit $?
 fi
 exit "$status"
