@@ -199,10 +199,7 @@ public struct ReconnectBackoff: Sendable, Hashable {
 /// Which connection gets the next request, and who waits when none can take it.
 ///
 /// A request goes to the usable connection with the most free streams, so a connection whose
-/// limit APNs lowered (throttling) gets less work; but while the connection that took the last
-/// one has nearly as many free (``stickyStreams`` fewer at most), it takes the next too. A burst
-/// of requests then goes to one connection, waking one event loop instead of every one in turn:
-/// at part load those wake-ups were a large share of the worker's CPU. When none has a free stream the caller
+/// limit APNs lowered (throttling) gets less work. When none has a free stream the caller
 /// waits in FIFO order; waiters are handed a connection as streams free up. Generic over the
 /// waiter so that it stays pure.
 public struct PoolAssignment<Waiter> {
@@ -221,13 +218,6 @@ public struct PoolAssignment<Waiter> {
     private var orderHead = 0
     private var nextTicket: UInt64 = 0
     public private(set) var shuttingDown = false
-    /// The connection that took the last stream.
-    private var lastAcquired: UInt64?
-
-    /// How many free streams fewer than the best the last connection may have and still take the
-    /// next request. Only while the best has more than this free: with few streams (a throttled
-    /// pool, a token connection's first), each goes where most are free.
-    public static var stickyStreams: Int { 32 }
 
     public init() {}
 
@@ -238,28 +228,20 @@ public struct PoolAssignment<Waiter> {
         entries.first { $0.id == connection }?.budget
     }
 
-    /// Takes a stream on the connection with the most free streams, or on the last one while it
-    /// has nearly as many (see ``stickyStreams``).
+    /// Takes a stream on the connection with the most free streams.
     public mutating func acquire() -> UInt64? {
         guard !shuttingDown else { return nil }
         var best = -1
         var bestFree = 0
-        var last = -1
         for index in entries.indices {
             let free = entries[index].budget.free
             if free > bestFree {
                 best = index
                 bestFree = free
             }
-            if entries[index].id == lastAcquired { last = index }
         }
-        var chosen = best
-        if bestFree > Self.stickyStreams, last >= 0, entries[last].budget.free + Self.stickyStreams >= bestFree {
-            chosen = last
-        }
-        guard chosen >= 0, entries[chosen].budget.open() else { return nil }
-        lastAcquired = entries[chosen].id
-        return entries[chosen].id
+        guard best >= 0, entries[best].budget.open() else { return nil }
+        return entries[best].id
     }
 
     /// Queues a waiter that gives up at `deadline` (any monotonic clock, in the caller's unit);

@@ -159,28 +159,6 @@ struct StateMachineTests {
         #expect(r23 == nil)
     }
 
-    @Test("A burst goes to one connection while it has nearly as many free streams as the best; load still evens out")
-    func burstsStayOnOneConnection() {
-        var pool = PoolAssignment<String>()
-        for id: UInt64 in [1, 2] {
-            pool.add(connection: id, budget: StreamBudget(localLimit: 1000, tokenAuthentication: false))
-            _ = pool.update(connection: id) { $0.settingsReceived(maxConcurrentStreams: 1000) }
-        }
-        // A part-load burst: one connection (one event loop to wake), not both in turn.
-        var burst: [UInt64] = []
-        for _ in 0..<20 { if let id = pool.acquire() { burst.append(id) } }
-        #expect(burst.count == 20 && Set(burst).count == 1, "\(burst)")
-        // Under load the two stay within the sticky margin of each other.
-        for _ in 0..<1_500 {
-            _ = pool.acquire()
-            let inFlight = pool.entries.map(\.budget.inFlight)
-            #expect(abs(inFlight[0] - inFlight[1]) <= PoolAssignment<String>.stickyStreams + 1, "\(inFlight)")
-        }
-        // Near the end, with few free, each goes where most are free: every stream gets used.
-        while pool.acquire() != nil {}
-        #expect(pool.entries.map(\.budget.inFlight) == [1000, 1000])
-    }
-
     @Test("Waiters past their deadline are given up in one sweep, oldest first; the rest keep their place")
     func waiterDeadlines() {
         var pool = PoolAssignment<String>()
