@@ -52,7 +52,7 @@ test: test-deps
 	$(SWIFT) build --build-tests
 	/usr/bin/python3 scripts/check_packaging.py
 	@# Reruns once only if librdkafka's mock cluster aborted on its port race (see the script).
-	SWIFT=$(SWIFT) scripts/swift-test.sh
+	SWIFT="$(SWIFT)" scripts/swift-test.sh
 
 # The whole fleet on this machine: embedded Kafka, the APNs simulator (TLS), a push worker and
 # the feedback worker, 100,000 jobs, a live progress bar and a summary. DEMO_ARGS passes flags,
