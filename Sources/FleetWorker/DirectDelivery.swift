@@ -128,12 +128,11 @@ final class DirectDelivery: KafkaDeliveryRecipient, APNsOutcomeReceiver, @unchec
         // with other deliveries' messages, which the broker refuses whole. Refused again alone,
         // what stands for it (a split retry record, `failed` results) goes out instead.
         worker.publisher.retryLogs.log(.warning, "publishing failed; will retry", metadata: ["kafka.topic": "\(message.topic)", "error": "\(error)"], to: worker.logger)
-        let messages = [message]
         let since = answeredAt.uptimeNanoseconds > 0 ? ContinuousClock.now - .nanoseconds((NIODeadline.now() - answeredAt).nanoseconds) : nil
         worker.continueLater({
             // False only when shutdown cancelled it first: the record then stays unfinished and
             // is redone after its partition moves (duplicates allowed, losses not).
-            if await self.worker.publish(messages, for: self.record, progress: progress, since: since) {
+            if await self.worker.publish([message], for: self.record, progress: progress, since: since) {
                 self.finish()
             } else {
                 self.abandon()

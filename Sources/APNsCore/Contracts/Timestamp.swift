@@ -43,20 +43,23 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
             days -= 1
         }
         let (year, month, day) = Self.civil(fromDays: days)
-        guard (0...9999).contains(year) else {
-            return Self.appendPadded(year: year, month: month, day: day, secondsOfDay: Int(secondsOfDay), millis: millis, to: &bytes)
-        }
         let seconds = Int(secondsOfDay)
-        // One append for all 24 bytes, and digits by constant divisors: appended byte by byte,
-        // each with its own uniqueness check and division by a variable, this showed in profiles
+        // Only the year can fall outside its digits: one before 0 or past 9999 (no real job has
+        // one) is written as its number, padded, before the rest.
+        let fourDigitYear = (0...9999).contains(year)
+        if !fourDigitYear { bytes.append(contentsOf: String(year).leftPadded(to: 4).utf8) }
+        // One append for the rest, and digits by constant divisors: appended byte by byte, each
+        // with its own uniqueness check and division by a variable, this showed in profiles
         // (every result carries a timestamp).
         bytes.append(addingCapacity: 24) { out in
             func digits2(_ value: Int) {
                 out.append(UInt8(truncatingIfNeeded: 48 + value / 10))
                 out.append(UInt8(truncatingIfNeeded: 48 + value % 10))
             }
-            digits2(year / 100)
-            digits2(year % 100)
+            if fourDigitYear {
+                digits2(year / 100)
+                digits2(year % 100)
+            }
             out.append(UInt8(ascii: "-"))
             digits2(month)
             out.append(UInt8(ascii: "-"))
@@ -71,40 +74,6 @@ public struct UnixMillis: Sendable, Hashable, Comparable, CustomStringConvertibl
             out.append(UInt8(truncatingIfNeeded: 48 + millis / 100))
             digits2(millis % 100)
             out.append(UInt8(ascii: "Z"))
-        }
-    }
-
-    /// The form for a year outside 0...9999 (which no real job has): written as before.
-    private static func appendPadded(year: Int, month: Int, day: Int, secondsOfDay: Int, millis: Int, to bytes: inout [UInt8]) {
-        append(year, 4, to: &bytes)
-        bytes.append(UInt8(ascii: "-"))
-        append(month, 2, to: &bytes)
-        bytes.append(UInt8(ascii: "-"))
-        append(day, 2, to: &bytes)
-        bytes.append(UInt8(ascii: "T"))
-        append(secondsOfDay / 3600, 2, to: &bytes)
-        bytes.append(UInt8(ascii: ":"))
-        append(secondsOfDay % 3600 / 60, 2, to: &bytes)
-        bytes.append(UInt8(ascii: ":"))
-        append(secondsOfDay % 60, 2, to: &bytes)
-        bytes.append(UInt8(ascii: "."))
-        append(millis, 3, to: &bytes)
-        bytes.append(UInt8(ascii: "Z"))
-    }
-
-    /// `value` zero-padded to `width` digits; a value that does not fit (a year past 9999, or
-    /// before year 0) is written as `String(value)` padded, as before.
-    private static func append(_ value: Int, _ width: Int, to bytes: inout [UInt8]) {
-        var limit = 1
-        for _ in 0..<width { limit *= 10 }
-        guard value >= 0, value < limit else {
-            bytes.append(contentsOf: String(value).leftPadded(to: width).utf8)
-            return
-        }
-        var divisor = limit / 10
-        while divisor > 0 {
-            bytes.append(UInt8(ascii: "0") + UInt8(value / divisor % 10))
-            divisor /= 10
         }
     }
 
