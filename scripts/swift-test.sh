@@ -6,7 +6,7 @@
 # (rdkafka_mock.c, rd_kafka_mock_broker_cmd); if another socket took the port in that instant
 # (the suite's many 127.0.0.1 servers and clients pick ports in the same range), the mock
 # asserts and aborts the whole test process. That is a race in the test double, not in this
-# project's code, and it is rare (one CI run in about thirty). Any other failure fails at once.
+# project's code; it hit two of some forty CI runs. Any other failure fails at once.
 set -uo pipefail
 # SWIFT may carry flags (make passes its own SWIFT variable).
 read -r -a swift_command <<< "${SWIFT:-swift}"
