@@ -54,6 +54,18 @@ public struct PrometheusHistogram: Sendable {
         buckets = counts.sorted { $0.key < $1.key }.map { (upperBound: $0.key, count: $0.value) }
     }
 
+    /// What was observed since `earlier`, a reading of the same histogram: a window of a run,
+    /// such as the part after its warm-up. A bucket `earlier` lacks counts from zero.
+    public func subtracting(_ earlier: PrometheusHistogram) -> PrometheusHistogram {
+        var window = self
+        for index in window.buckets.indices {
+            let bound = window.buckets[index].upperBound
+            let before = earlier.buckets.first { $0.upperBound == bound }?.count ?? 0
+            window.buckets[index].count = max(0, window.buckets[index].count - before)
+        }
+        return window
+    }
+
     /// Observations in all.
     public var count: Double { buckets.last?.count ?? 0 }
 

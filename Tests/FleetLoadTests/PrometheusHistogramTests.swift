@@ -32,6 +32,13 @@ struct PrometheusHistogramTests {
         #expect(both.quantileUpperBound(0.4) == 0.001)
         #expect(both.quantileUpperBound(0.5) == .infinity)
 
+        // The window after a first reading: its 100 observations are gone, the second's 100
+        // (all above 2 ms) are what is left.
+        let window = both.subtracting(one)
+        #expect(window.count == 100)
+        #expect(window.quantileUpperBound(0.5) == .infinity)
+        #expect(one.subtracting(one).quantileUpperBound(0.5) == nil)
+
         #expect(PrometheusHistogram(first, name: "apns_missing") == nil)
         #expect(PrometheusHistogram("apns_worker_added_latency_bucket{le=\"0.001\"} 0\n", name: "apns_worker_added_latency")?.quantileUpperBound(0.5) == nil)
     }
