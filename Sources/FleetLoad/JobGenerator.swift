@@ -48,6 +48,9 @@ public struct JobMix: Sendable, Hashable, CustomStringConvertible {
         self.weights = weights
     }
 
+    /// The largest weight one kind may have.
+    public static let largestWeight = 1_000_000
+
     /// Parses `kind=weight,…`; the error names the part that is wrong.
     public init(parsing text: String) throws(JobMixError) {
         var weights: [(Kind, Int)] = []
@@ -56,8 +59,9 @@ public struct JobMix: Sendable, Hashable, CustomStringConvertible {
             guard pieces.count == 2, let kind = Kind(rawValue: pieces[0]) else {
                 throw JobMixError("\"\(part)\" is not kind=weight with a kind of \(Kind.allCases.map(\.rawValue).joined(separator: ", "))")
             }
-            guard let weight = Int(pieces[1]), weight >= 0 else {
-                throw JobMixError("the weight of \(kind.rawValue) must be a whole number ≥ 0, not \"\(pieces[1])\"")
+            // Bounded so that the weights' total cannot overflow when the generator draws.
+            guard let weight = Int(pieces[1]), (0...Self.largestWeight).contains(weight) else {
+                throw JobMixError("the weight of \(kind.rawValue) must be a whole number from 0 to \(Self.largestWeight), not \"\(pieces[1])\"")
             }
             guard !weights.contains(where: { $0.0 == kind }) else { throw JobMixError("\(kind.rawValue) is given twice") }
             weights.append((kind, weight))

@@ -3,7 +3,8 @@ import KafkaTransport
 import Synchronization
 
 /// Produces jobs to Kafka as fast as the producer takes them, or at a given rate, and tells the
-/// tally what each job must produce once Kafka has accepted it.
+/// tally what each job must produce: as it is handed to the producer, or for a malformed job
+/// (whose id comes from its offset) once Kafka has accepted it.
 public struct JobPublisher: Sendable {
     public struct Summary: Sendable {
         public var published: Int

@@ -38,6 +38,8 @@ public final class RunTally: Sendable {
         public var outcomes: [String: Int] = [:]
         public var tokenEvents = 0
         public var distinctTokenEvents = 0
+        /// The tokens that got a token event.
+        public var eventTokens: Set<String> = []
         public var deadLetters = 0
         /// Records the reader never saw: gaps in a partition's offsets. kafka-dev keeps about
         /// 5 MiB per partition, so a reader that falls further behind finds the oldest gone, and
@@ -104,6 +106,7 @@ public final class RunTally: Sendable {
         state.withLock { state in
             state.snapshot.tokenEvents += 1
             if state.eventKeys.insert(tokenEvent.key).inserted { state.snapshot.distinctTokenEvents += 1 }
+            state.snapshot.eventTokens.insert(tokenEvent.token)
         }
     }
 

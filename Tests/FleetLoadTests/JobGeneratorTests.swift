@@ -47,7 +47,10 @@ struct JobGeneratorTests {
         #expect(throws: JobMixError.self) { try JobMix(parsing: "good=1,bogus=2") }
         #expect(throws: JobMixError.self) { try JobMix(parsing: "good=-1") }
         #expect(throws: JobMixError.self) { try JobMix(parsing: "good=0") }
+        // Weights whose total would overflow when drawing (it crashed the generator).
+        #expect(throws: JobMixError.self) { try JobMix(parsing: "good=9223372036854775807,fanout=1") }
         #expect((try? JobMix(parsing: "good=3, fanout=1"))?.description == "good=3,fanout=1")
+        #expect((try? JobMix(parsing: "good=1000000,fanout=1000000"))?.description == "good=1000000,fanout=1000000")
     }
 
     @Test("the tally counts records the reader never saw: gaps in a partition's offsets")

@@ -85,11 +85,13 @@ struct DemoRun {
             guard published.failed == 0 else {
                 throw CommandFailure("\(published.failed) jobs were not accepted by Kafka; the first error: \(published.firstError ?? "unknown")")
             }
-            let expectedEvents = generator.usedDeadTokens.count
+            let deadTokens = generator.usedDeadTokens
+            let expectedEvents = deadTokens.count
 
             // Follow until everything is in, a process dies, or time is up.
             var following = ProgressLine(label: "results   ", total: max(tally.snapshot.notificationsExpected, 1))
-            let deadline = started + timeout
+            // From the end of publishing: a paced run (--rate) may publish for longer than that.
+            let deadline = ContinuousClock.now + timeout
             var failure: String?
             var completedAt: ContinuousClock.Instant?
             while true {
@@ -125,14 +127,14 @@ struct DemoRun {
             group.cancelAll()
 
             return Self.judge(
-                tally.snapshot, jobs: jobs, expectedEvents: expectedEvents, published: published,
+                tally.snapshot, jobs: jobs, deadTokens: deadTokens, published: published,
                 elapsed: elapsed, startedAt: wallStart, failure: failure
             )
         }
     }
 
     static func judge(
-        _ snapshot: RunTally.Snapshot, jobs: Int, expectedEvents: Int, published: JobPublisher.Summary,
+        _ snapshot: RunTally.Snapshot, jobs: Int, deadTokens: Set<String>, published: JobPublisher.Summary,
         elapsed: Double, startedAt: Date, failure: String?
     ) -> Outcome {
         let unusable = snapshot.jobsByKind.filter { $0.key.isUnusable }.reduce(0) { $0 + $1.value }
@@ -142,8 +144,14 @@ struct DemoRun {
             problems.append("\(snapshot.mismatches) results had the wrong outcome:\n" + snapshot.mismatchExamples.map { "    \($0)" }.joined(separator: "\n"))
         }
         if snapshot.deadLetters != unusable { problems.append("the DLQ holds \(snapshot.deadLetters) of this run's jobs; \(unusable) were unusable") }
-        if snapshot.distinctTokenEvents != expectedEvents {
-            problems.append("\(snapshot.distinctTokenEvents) dead tokens got a token event; \(expectedEvents) were used")
+        let expectedEvents = deadTokens.count
+        let missing = deadTokens.subtracting(snapshot.eventTokens)
+        let unexpected = snapshot.eventTokens.subtracting(deadTokens)
+        if !missing.isEmpty {
+            problems.append("\(missing.count) of the \(expectedEvents) dead tokens used got no token event (one: \(missing.sorted()[0].prefix(12))…)")
+        }
+        if !unexpected.isEmpty {
+            problems.append("\(unexpected.count) tokens that were not dead got a token event (one: \(unexpected.sorted()[0].prefix(12))…)")
         }
 
         let g = ProgressLine.grouped

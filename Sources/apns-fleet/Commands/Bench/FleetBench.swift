@@ -3,6 +3,7 @@ import FleetLoad
 import Foundation
 import KafkaTransport
 import Logging
+import Synchronization
 
 /// One end-to-end measurement: a fresh local fleet (kafka-dev, simulator, N push workers, each
 /// its own process), jobs published while the workers run, results followed until every job
@@ -92,10 +93,18 @@ struct FleetBench {
             // reader lags the workers by up to seconds (more the faster they are), and a window
             // counted by what it read was measured far too low.
             let cpuAtStart = fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }
+            // Jobs count as expected before Kafka takes them, so a publishing failure would show
+            // only as a stall; the wait below reports it instead.
+            let publishFailure = Mutex<String?>(nil)
             group.addTask {
                 var generator = initialGenerator
-                let summary = try await publisher.publish(count: settings.jobs, generator: &generator, rate: settings.rate, tally: tally, clock: Self.nowMillis)
-                if summary.failed > 0 { throw CommandFailure("\(summary.failed) jobs were not accepted by Kafka: \(summary.firstError ?? "")") }
+                do {
+                    let summary = try await publisher.publish(count: settings.jobs, generator: &generator, rate: settings.rate, tally: tally, clock: Self.nowMillis)
+                    if summary.failed > 0 { throw CommandFailure("\(summary.failed) jobs were not accepted by Kafka: \(summary.firstError ?? "")") }
+                } catch is CancellationError {
+                } catch {
+                    publishFailure.withLock { $0 = "publishing the jobs failed: \(error)" }
+                }
             }
 
             // Wait for the end of the run.
@@ -103,14 +112,16 @@ struct FleetBench {
             let hostAtStart = HostCPUTimes.now()
             var expected = 0
             var progress = (seen: -1, at: ContinuousClock.now)
-            // The workers' added latency once the reader has seen the warm-up's results: the
-            // end of the run subtracts it, so that connecting and the first batches stay out.
+            // The workers' added latency once they have recorded the warm-up's worth: the end of
+            // the run subtracts it, so that connecting and the first batches stay out. Counted by
+            // the histogram itself, not by the reader, which can lag until the run's end.
             var addedAfterWarmup: PrometheusHistogram?
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
-                if addedAfterWarmup == nil, snapshot.notificationsSeen >= settings.warmup {
-                    addedAfterWarmup = Self.addedLatency(ports: fleet.pushWorkerAdminPorts)
+                if settings.warmup > 0, addedAfterWarmup == nil, let reading = Self.addedLatency(ports: fleet.pushWorkerAdminPorts),
+                    reading.count >= Double(settings.warmup) {
+                    addedAfterWarmup = reading
                 }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if snapshot.notificationsSeen != progress.seen { progress = (snapshot.notificationsSeen, .now) }
@@ -120,6 +131,7 @@ struct FleetBench {
                     throw CommandFailure("no new result for \(Self.stallLimit) with \(snapshot.notificationsExpected - snapshot.notificationsSeen) notifications unanswered (with kafka-dev, fewer --jobs may fit its 5 MiB per partition); the worker's log (\(worker.logPath)) ends:\n\(worker.logTail())")
                 }
                 if snapshot.recordsSkipped > 0 { throw CommandFailure(RunTally.skippedRecordsMessage(snapshot.recordsSkipped)) }
+                if let failure = publishFailure.withLock({ $0 }) { throw CommandFailure(failure) }
                 if let dead = fleet.processes.first(where: { !$0.isRunning }) {
                     throw CommandFailure("\(dead.name) exited during the run; its log (\(dead.logPath)) ends:\n\(dead.logTail())")
                 }
@@ -169,8 +181,8 @@ struct FleetBench {
             let toAPNs = measuredTimings.compactMap(\.toAPNsMs).sorted()
             record.set("to_apns_p50_ms", Percentiles.value(0.5, of: toAPNs) ?? 0, decimals: 1)
             record.set("to_apns_p99_ms", Percentiles.value(0.99, of: toAPNs) ?? 0, decimals: 1)
-            // Bucket bounds of the workers' own histogram, from when the reader had seen the
-            // warm-up's results (it lags the workers, so a little more than the warm-up is left out).
+            // Bucket bounds of the workers' own histogram, from when it held the warm-up's worth
+            // (over the whole run if it never did: fan-out jobs and retries are not in it).
             if let added, let p50 = added.quantileUpperBound(0.5), let p99 = added.quantileUpperBound(0.99) {
                 record.set("worker_added_p50_le_ms", p50 * 1000, decimals: 2)
                 record.set("worker_added_p99_le_ms", p99 * 1000, decimals: 2)

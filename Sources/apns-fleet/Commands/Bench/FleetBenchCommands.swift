@@ -91,8 +91,16 @@ struct E2EBenchCommand: AsyncParsableCommand {
 
     @OptionGroup var options: FleetBenchOptions
 
-    @Option(help: "Push workers.")
+    @Option(help: "Push workers, from 1 to the partition count.")
     var workers = 1
+
+    func validate() throws {
+        // Checked before anything starts: kafka-dev and the simulator would otherwise be left
+        // running by a count that cannot be started, or a run wait out its timeout with no worker.
+        guard (1...max(1, options.partitions)).contains(workers) else {
+            throw ValidationError("--workers must be from 1 to the partition count (\(options.partitions)); got \(workers)")
+        }
+    }
 
     func run() async throws {
         await SpawnedProcess.stopChildrenOnSignal()
@@ -129,12 +137,22 @@ struct ScalingBenchCommand: AsyncParsableCommand {
     @Option(help: "Worker counts, comma-separated.")
     var workers = "1,2,3"
 
+    /// The counts in `--workers`; nil if one is not a number from 1 to the partition count.
+    private var counts: [Int]? {
+        let counts = workers.split(separator: ",", omittingEmptySubsequences: false).map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard counts.allSatisfy({ $0.map { $0 > 0 && $0 <= options.partitions } ?? false }) else { return nil }
+        return counts.compactMap { $0 }
+    }
+
+    func validate() throws {
+        guard counts != nil else {
+            throw ValidationError("--workers must list counts from 1 to the partition count (\(options.partitions)), comma-separated; got '\(workers)'")
+        }
+    }
+
     func run() async throws {
         await SpawnedProcess.stopChildrenOnSignal()
-        let counts = workers.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
-        guard !counts.isEmpty, counts.allSatisfy({ $0 > 0 && $0 <= options.partitions }) else {
-            throw ValidationError("--workers must list counts from 1 to the partition count (\(options.partitions))")
-        }
+        let counts = self.counts ?? []
         var medians: [BenchRecord] = []
         for count in counts {
             let bench = FleetBench(settings: try options.settings(workers: count))
