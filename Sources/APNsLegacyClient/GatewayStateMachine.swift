@@ -67,8 +67,10 @@ struct GatewayStateMachine<Waiter> {
 
     struct Written {
         var key: UInt32
-        /// When its bytes reached the socket; nil while they wait in the channel. The quiet
-        /// period counts from here, so a slow socket cannot make a notification look accepted.
+        /// When its bytes reached the socket (the kernel's send buffer); nil while they wait in
+        /// the channel. The quiet period counts from here, so a channel that cannot write
+        /// cannot make a notification look accepted. Bytes the kernel took but the gateway never
+        /// received (a flow dropped silently) can: see the README's known limitations.
         var writtenAt: Instant?
     }
 
@@ -331,6 +333,13 @@ struct GatewayStateMachine<Waiter> {
 
     // MARK: Helpers
 
+    /// Time beyond the quiet period that confirming a notification written now may take: the
+    /// client's tick (a fifth of the quiet period, 5 to 100 ms) and 100 ms for its bytes to
+    /// reach the socket behind others.
+    static func confirmationMargin(_ quietPeriod: Duration) -> Duration {
+        min(max(quietPeriod / 5, .milliseconds(5)), .milliseconds(100)) + .milliseconds(100)
+    }
+
     /// Why a queued notification must no longer be written at `now`, if it must not.
     private func tooLateToWrite(_ entry: Entry, now: Instant) -> String? {
         let passed: String
@@ -338,10 +347,11 @@ struct GatewayStateMachine<Waiter> {
             passed = "the deadline"
         } else if let sendBy = entry.sendBy, now >= sendBy {
             passed = "its send-by time (the job's deadline or expiration)"
-        } else if now + configuration.quietPeriod > entry.deadline {
-            // Written now, its deadline would pass inside the quiet period: the caller would hear
+        } else if now + configuration.quietPeriod + Self.confirmationMargin(configuration.quietPeriod) > entry.deadline {
+            // Written now, its deadline would pass before it is confirmed: the caller would hear
             // "may have been delivered", retry, and the device could get it twice. Unsent, a
-            // retry is safe.
+            // retry is safe. Confirming takes the quiet period from when the bytes reach the
+            // socket, seen at the next tick: the margin allows for both.
             passed = "the time to confirm it (its deadline is less than the gateway's quiet period away)"
         } else {
             return nil

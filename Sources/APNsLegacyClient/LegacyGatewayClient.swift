@@ -213,11 +213,14 @@ public final class LegacyGatewayClient: Service, Sendable {
                     state.withLock { $0.machine.written(id, count: count, now: .now) }
                 }
                 channel.writeAndFlush(batch, promise: promise)
-                batch = channel.allocator.buffer(capacity: configuration.batchBytes)
                 inBatch = 0
             }
             for pdu in writes {
-                if inBatch > 0, batch.readableBytes + pdu.count > configuration.batchBytes { flushBatch() }
+                if inBatch > 0, batch.readableBytes + pdu.count > configuration.batchBytes {
+                    flushBatch()
+                    // A new buffer only when another PDU follows (one per pass was wasted).
+                    batch = channel.allocator.buffer(capacity: configuration.batchBytes)
+                }
                 batch.writeBytes(pdu)
                 inBatch += 1
             }
@@ -461,7 +464,8 @@ public final class LegacyGatewayClient: Service, Sendable {
             // The gateway acknowledges nothing, so a peer gone silently (a NAT dropping the flow)
             // would otherwise keep the connection "open" for TCP's 15 minutes of retransmissions.
             // Keepalives find it when idle; TCP_USER_TIMEOUT aborts it once written bytes stay
-            // unacknowledged for a while, and what it had not confirmed is written again.
+            // unacknowledged for a while, and what is still inside its quiet period is written
+            // again. (What passed its quiet period meanwhile already counted as accepted.)
             .channelOption(.socketOption(.so_keepalive), value: 1)
             .connectTimeout(TimeAmount(configuration.connectTimeout))
             .channelInitializer { [self] channel in

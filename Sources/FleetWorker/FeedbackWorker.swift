@@ -133,9 +133,10 @@ public final class FeedbackWorker: Service, Sendable {
     }
 
     public func run() async throws {
-        // The poll loop runs beside the results; a stop waits for a poll in progress (bounded by
-        // twice `pollTimeout`), never cutting one short, because the feedback service forgets the
-        // tuples it has handed out. A child task, so that cancellation (the stop's time is up)
+        // The poll loop runs beside the results; a stop waits for a poll in progress (its reading
+        // is bounded by twice `pollTimeout`, not counting pauses while Kafka takes what was
+        // read), never cutting one short, because the feedback service forgets the tuples it has
+        // handed out. A child task, so that cancellation (the stop's time is up)
         // reaches its sleeps and its publishing too.
         await withDiscardingTaskGroup { group in
             group.addTask { await self.pollLoop() }
