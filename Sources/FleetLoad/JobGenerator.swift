@@ -133,7 +133,9 @@ public struct JobGenerator: Sendable {
         self.topic = topic
         self.app = app
         self.fanoutSize = max(2, fanoutSize)
-        self.fixedTokens = fixedTokens
+        // Once each: a fan-out job names each of its tokens once (see `.fanout`).
+        var seen: Set<String> = []
+        self.fixedTokens = fixedTokens.filter { seen.insert($0).inserted }
         var deadRandom = SplitMix64(seed: seed ^ 0xDEAD_BEEF)
         deadTokens = (0..<max(1, deadTokenCount)).map { _ in Self.token(&deadRandom) }
         random = SplitMix64(seed: seed)
@@ -165,7 +167,15 @@ public struct JobGenerator: Sendable {
             ] + (app.map { [RecordHeader("app", $0)] } ?? [])
             job.expected = [(token, "delivered")]
         case .fanout:
-            var tokens = (0..<(fanoutSize - 1)).map { _ in goodToken() }
+            // Distinct tokens: a job naming one twice gets two results for it, which the tally
+            // (one expectation per token) would take for a duplicate and never see complete.
+            var tokens: [String]
+            if fixedTokens.isEmpty {
+                tokens = (0..<(fanoutSize - 1)).map { _ in goodToken() }
+            } else {
+                let start = Int(random.next() % UInt64(fixedTokens.count))
+                tokens = (0..<min(fanoutSize - 1, fixedTokens.count)).map { fixedTokens[(start + $0) % fixedTokens.count] }
+            }
             tokens.append(deadToken())
             job.key = Array(id.utf8)
             job.value = envelope(#""tokens":[\#(tokens.map { "\"\($0)\"" }.joined(separator: ","))]"#)

@@ -33,6 +33,21 @@ struct JobGeneratorTests {
         #expect(generator.usedDeadTokens.isSubset(of: Set(generator.deadTokens)))
     }
 
+    @Test("with a few real tokens given, a fan-out job still names each token once, so its run can complete")
+    func fanoutWithFixedTokens() throws {
+        let real = [String(repeating: "a", count: 64), String(repeating: "b", count: 64), String(repeating: "a", count: 64)]
+        var generator = JobGenerator(mix: try JobMix(parsing: "fanout=1"), topic: "t", fanoutSize: 10, fixedTokens: real)
+        let tally = RunTally(idPrefix: "job")
+        for _ in 0..<20 {
+            let job = generator.next(now: 1_000)
+            let tokens = job.expected.map(\.token)
+            #expect(Set(tokens).count == tokens.count, "\(tokens)")
+            #expect(tokens.count == 3, "two distinct real tokens and a dead one")
+            tally.expect(jobID: job.id, tokens: job.expected, kind: job.kind)
+        }
+        #expect(tally.snapshot.notificationsExpected == 60)
+    }
+
     @Test("the same seed makes the same jobs")
     func repeatable() {
         var first = JobGenerator(mix: .realistic, topic: "t", seed: 7)

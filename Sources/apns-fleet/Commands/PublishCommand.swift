@@ -83,23 +83,23 @@ struct PublishCommand: AsyncParsableCommand {
     @Option(help: "Generate this many jobs.")
     var generate: Int?
 
-    @Option(help: "Generated job mix, kind=weight,… (kinds: \(JobMix.Kind.allCases.map(\.rawValue).joined(separator: ", "))).")
-    var mix: String = JobMix.realistic.description
+    @Option(help: "Generated job mix, kind=weight,… (kinds: \(JobMix.Kind.allCases.map(\.rawValue).joined(separator: ", "))). Default: \(JobMix.realistic.description).")
+    var mix: String?
 
     @Option(help: "Jobs per second (default: as fast as Kafka takes them).")
     var rate: Double?
 
-    @Option(name: .customLong("fanout-size"), help: "Tokens per generated fan-out job.")
-    var fanoutSize = 10
+    @Option(name: .customLong("fanout-size"), help: "Tokens per generated fan-out job. Default: 10.")
+    var fanoutSize: Int?
 
-    @Option(name: .customLong("dead-tokens"), help: "Size of the pool of unregistered tokens the generator uses.")
-    var deadTokens = 100
+    @Option(name: .customLong("dead-tokens"), help: "Size of the pool of unregistered tokens the generator uses. Default: 100.")
+    var deadTokens: Int?
 
-    @Option(help: "Generator seed, for repeatable runs.")
-    var seed: UInt64 = 0x5EED
+    @Option(help: "Generator seed, for repeatable runs. Default: 24301.")
+    var seed: UInt64?
 
-    @Option(name: .customLong("generated-topic"), help: "apns-topic of generated jobs.")
-    var generatedTopic = "com.example.app"
+    @Option(name: .customLong("generated-topic"), help: "apns-topic of generated jobs. Default: com.example.app.")
+    var generatedTopic: String?
 
     @Flag(help: "Print a JSON summary line on standard output.")
     var json = false
@@ -111,16 +111,27 @@ struct PublishCommand: AsyncParsableCommand {
         }
         if !token.isEmpty, payload == nil { throw ValidationError("--token needs --payload (the APNs payload JSON)") }
         if let generate, generate <= 0 { throw ValidationError("--generate must be positive") }
-        guard (2...JobDecoder.Limits.tokensThatFit).contains(fanoutSize) else {
+        // An option of another source would be ignored: say so rather than publish something else.
+        let generatorOnly = [("--rate", rate != nil), ("--mix", mix != nil), ("--seed", seed != nil), ("--fanout-size", fanoutSize != nil), ("--dead-tokens", deadTokens != nil), ("--generated-topic", generatedTopic != nil)]
+        if generate == nil, let given = generatorOnly.first(where: \.1) {
+            throw ValidationError("\(given.0) is for generated jobs (--generate)")
+        }
+        let flagsOnly = [("--payload", payload != nil), ("--id", jobID != nil), ("--topic", apnsTopic != nil), ("--push-type", pushType != nil), ("--priority", priority != nil), ("--collapse-id", collapseID != nil), ("--expiration", expiration != nil)]
+        if token.isEmpty, let given = flagsOnly.first(where: \.1) {
+            throw ValidationError("\(given.0) is for a job given by flags (--token)")
+        }
+        if noValidate, file == nil { throw ValidationError("--no-validate is for --file") }
+        if app != nil, file != nil { throw ValidationError("--app is for --token and --generate; a file's jobs name their own app") }
+        guard (2...JobDecoder.Limits.tokensThatFit).contains(fanoutSize ?? 10) else {
             throw ValidationError("--fanout-size must be 2 to \(JobDecoder.Limits.tokensThatFit) (the most worker.max-tokens-per-job allows)")
         }
-        guard (1...1_000_000).contains(deadTokens) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
+        guard (1...1_000_000).contains(deadTokens ?? 100) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
         try checkRate(rate)
         if noValidate, encoding == .headers { throw ValidationError("--no-validate works with --encoding json only") }
         if generate != nil, encoding == .headers {
             throw ValidationError("--generate mixes both encodings itself (the headers kind); leave --encoding out")
         }
-        _ = try JobMix(parsing: mix)
+        if let mix { _ = try JobMix(parsing: mix) }
     }
 
     func run() async throws {
@@ -147,8 +158,9 @@ struct PublishCommand: AsyncParsableCommand {
         let summary: JobPublisher.Summary
         if let generate {
             var generator = JobGenerator(
-                mix: try JobMix(parsing: mix), topic: generatedTopic, app: app, fanoutSize: fanoutSize,
-                deadTokenCount: deadTokens, idPrefix: "pub-\(UInt32.random(in: 0...UInt32.max))", seed: seed
+                mix: try mix.map { try JobMix(parsing: $0) } ?? .realistic, topic: generatedTopic ?? "com.example.app", app: app,
+                fanoutSize: fanoutSize ?? 10, deadTokenCount: deadTokens ?? 100, idPrefix: "pub-\(UInt32.random(in: 0...UInt32.max))",
+                seed: seed ?? 0x5EED
             )
             var progress = ProgressLine(label: "publishing", total: generate)
             summary = try await publisher.publish(count: generate, generator: &generator, rate: rate, tally: nil, clock: Self.nowMillis) {
