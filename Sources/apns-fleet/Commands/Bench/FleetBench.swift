@@ -144,6 +144,9 @@ struct FleetBench {
             let added = Self.addedLatency(ports: fleet.pushWorkerAdminPorts).map { total in
                 addedAfterWarmup.map { total.subtracting($0) } ?? total
             }
+            // Duplicates trail the last first result (a redelivered partition read later): give
+            // them a moment before counting, as the demo does.
+            try await Task.sleep(for: .seconds(1))
             let snapshot = tally.snapshot
             reader.close()
             await producer.shutdown(flushTimeout: .seconds(10))
