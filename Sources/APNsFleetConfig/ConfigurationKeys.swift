@@ -83,13 +83,13 @@ public enum ConfigurationKeys {
         .init("worker.request-timeout-seconds", "number", "10", "Deadline of one APNs request: 0.1 to 600."),
         // Retry
         .init("retry.in-process-attempts", "integer", "3 (retry.max-attempts if that is lower)", "Attempts in process before the retry topic: 1 to 100, at most retry.max-attempts."),
-        .init("retry.max-attempts", "integer", "12", "Attempts in all before the result is failed; the defaults retry for about 80 to 160 seconds (delays doubling from retry.base-delay-ms, at most retry.max-delay-ms, halved at random)."),
+        .init("retry.max-attempts", "integer", "12", "Attempts in all before the result is failed, 1 to 1000; the defaults retry for about 80 to 160 seconds (delays doubling from retry.base-delay-ms, at most retry.max-delay-ms, halved at random)."),
         .init("retry.base-delay-ms", "integer", "100", "First backoff delay: 1 to 3,600,000, at most retry.max-delay-ms."),
         .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay: 1 to 86,400,000."),
         // Admin
         .init("admin.host", "string", "127.0.0.1", "Address of /metrics, /healthz and /readyz."),
         .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz; 0 takes a free port and logs it (tests, several workers on one host)."),
-        .init("admin.liveness-stall-seconds", "number", "300 (more with long request or drain timeouts)", "/healthz fails once the Kafka consumer pipeline has been stalled this long (records waiting, none taken or finished, no attempt ended), unless messages wait in the producer for Kafka, so that the orchestrator restarts the process and its partitions move on; /readyz fails from the first minute of a stall. 0 (never), or at least 60, 30 above worker.drain-timeout-seconds, and 60 above what a notification's in-process attempts can take (retry.in-process-attempts × worker.request-timeout-seconds plus backoff); unset, it grows to that."),
+        .init("admin.liveness-stall-seconds", "number", "300 (more with long request or drain timeouts)", "/healthz fails once the Kafka consumer pipeline has been stalled this long (records waiting, none taken or finished, no attempt ended), unless messages wait in the producer for Kafka, so that the orchestrator restarts the process and its partitions move on; /readyz fails from the first minute of a stall. 0 (never), or from 60 to 86,400, and at least 30 above worker.drain-timeout-seconds, and 60 above what a notification's in-process attempts can take (retry.in-process-attempts × worker.request-timeout-seconds plus backoff); unset, it grows to that."),
         // Feedback worker
         .init("feedback.poll-interval-seconds", "number", "3600", "How often the feedback worker polls each app's legacy feedback service: 1 to 604,800 (a week). A failed poll is tried again sooner: 30 s later, doubling up to this."),
         .init("feedback.ledger-capacity", "integer", "1000000", "Invalidations the feedback worker remembers, so duplicate results do not repeat an event: 1,000 to 100,000,000."),

@@ -80,13 +80,17 @@ public final class APNsSimulator: Sendable {
         let host = configuration.listeners.host
         do {
             if let port = configuration.listeners.http2CleartextPort {
-                let channel = try await bindHTTP2(context: context, host: host, port: port, tls: nil, group: eventLoopGroup, logger: logger)
+                let channel = try await listening("HTTP/2 cleartext listener (h2c)", host: host, port: port) {
+                    try await bindHTTP2(context: context, host: host, port: port, tls: nil, group: eventLoopGroup, logger: logger)
+                }
                 channels.append(channel)
                 ports[.http2Cleartext] = channel.localAddress?.port
             }
             if let port = configuration.listeners.http2TLSPort, let tls = configuration.tls {
                 let sslContext = try makeTLSContext(tls)
-                let channel = try await bindHTTP2(context: context, host: host, port: port, tls: sslContext, group: eventLoopGroup, logger: logger)
+                let channel = try await listening("HTTP/2 TLS listener (h2)", host: host, port: port) {
+                    try await bindHTTP2(context: context, host: host, port: port, tls: sslContext, group: eventLoopGroup, logger: logger)
+                }
                 channels.append(channel)
                 ports[.http2TLS] = channel.localAddress?.port
             }
@@ -106,7 +110,9 @@ public final class APNsSimulator: Sendable {
                     faults: context.faults,
                     behaviour: configuration.behaviour
                 )
-                let channel = try await AdminServer.bind(host: host, port: port, group: eventLoopGroup, counters: context.counters, actions: actions)
+                let channel = try await listening("admin listener", host: host, port: port) {
+                    try await AdminServer.bind(host: host, port: port, group: eventLoopGroup, counters: context.counters, actions: actions)
+                }
                 channels.append(channel)
                 ports[.admin] = channel.localAddress?.port
             }

@@ -133,6 +133,16 @@ public struct SimulatorConfigurationError: Error, Sendable, CustomStringConverti
     public var description: String { "simulator configuration: \(message)" }
 }
 
+/// Binds one listener; a failure (the port taken, an address not on this host) names the
+/// listener and its port, which is a setting to change, rather than surfacing NIO's bare error.
+func listening<Result>(_ listener: String, host: String, port: Int, _ bind: () async throws -> Result) async throws -> Result {
+    do {
+        return try await bind()
+    } catch {
+        throw SimulatorConfigurationError("cannot listen on \(host):\(port) for the \(listener): \(error)")
+    }
+}
+
 /// The JSON config file (`apns-fleet simulator --config FILE`). Every key is optional; see
 /// docs/simulator.md for the full list. File paths are relative to the file's directory.
 public struct APNsSimulatorConfigFile: Decodable, Sendable {

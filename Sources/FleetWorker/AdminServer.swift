@@ -28,9 +28,15 @@ public final class AdminServer: Service, Sendable {
     private let pipeline: PipelineWatch?
     private let logger: Logger
     private let boundPort = Mutex<Int?>(nil)
-    /// A connection that sends nothing for this long is closed: a client that connects and
-    /// goes quiet must not hold a connection for ever. Prometheus reconnects between scrapes.
+    /// A connection must complete each request within this long of opening, or of its previous
+    /// answer, or it is closed: a client that goes quiet, or sends a byte now and then, must not
+    /// hold a connection for ever. A scraper that keeps its connection between scrapes further
+    /// apart than this reconnects (Prometheus retries such a GET on a new connection).
     private let idleTimeout: TimeAmount
+    /// Connections open at once beyond which new ones are closed at once: a client opening many
+    /// must not use up the file descriptors that the APNs and Kafka connections need.
+    static let maximumConnections = 64
+    private let openConnections = Atomic<Int>(0)
 
     public init(
         host: String,
@@ -81,11 +87,16 @@ public final class AdminServer: Service, Sendable {
         let idleTimeout = self.idleTimeout
         return try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idleTimeout))
+            .childChannelInitializer { [self] channel in
+                guard openConnections.add(1, ordering: .relaxed).newValue <= Self.maximumConnections else {
+                    openConnections.subtract(1, ordering: .relaxed)
+                    // Failing the initializer closes the connection.
+                    return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
+                }
+                channel.closeFuture.whenComplete { _ in self.openConnections.subtract(1, ordering: .relaxed) }
+                return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(AdminHandler(metrics: metrics, readiness: readiness, pipeline: pipeline))
+                    try channel.pipeline.syncOperations.addHandler(AdminHandler(metrics: metrics, readiness: readiness, pipeline: pipeline, requestTimeout: idleTimeout))
                 }
             }
             .bind(host: host, port: port)
@@ -111,12 +122,31 @@ final class AdminHandler: ChannelInboundHandler {
     private let metrics: @Sendable () -> [UInt8]
     private let readiness: @Sendable () -> AdminServer.Readiness
     private let pipeline: PipelineWatch?
+    private let requestTimeout: TimeAmount
     private var head: HTTPRequestHead?
+    /// Closes the connection unless a request completes first (see `AdminServer.idleTimeout`).
+    private var deadline: Scheduled<Void>?
 
-    init(metrics: @escaping @Sendable () -> [UInt8], readiness: @escaping @Sendable () -> AdminServer.Readiness, pipeline: PipelineWatch?) {
+    init(metrics: @escaping @Sendable () -> [UInt8], readiness: @escaping @Sendable () -> AdminServer.Readiness, pipeline: PipelineWatch?, requestTimeout: TimeAmount) {
         self.metrics = metrics
         self.readiness = readiness
         self.pipeline = pipeline
+        self.requestTimeout = requestTimeout
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        armDeadline(context: context)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        deadline = nil
+    }
+
+    private func armDeadline(context: ChannelHandlerContext) {
+        deadline?.cancel()
+        let channel = context.channel
+        deadline = context.eventLoop.scheduleTask(in: requestTimeout) { channel.close(promise: nil) }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -130,12 +160,21 @@ final class AdminHandler: ChannelInboundHandler {
             var headers = HTTPHeaders()
             headers.add(name: "content-type", value: contentType)
             headers.add(name: "content-length", value: String(body.count))
+            // HTTP/1.0, or `Connection: close`: the client expects the server to close.
+            let keepAlive = head.isKeepAlive
+            if !keepAlive { headers.add(name: "connection", value: "close") }
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
             // A HEAD answer has the GET's headers and no body (one would corrupt a kept-alive connection).
             if head.method != .HEAD {
                 context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(bytes: body)))), promise: nil)
             }
-            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+            if keepAlive {
+                context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+                armDeadline(context: context)
+            } else {
+                let channel = context.channel
+                context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
+            }
         }
     }
 
@@ -159,14 +198,6 @@ final class AdminHandler: ChannelInboundHandler {
         default:
             return (.notFound, "text/plain", Array("not found; try /metrics, /healthz or /readyz\n".utf8))
         }
-    }
-
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if case .read? = event as? IdleStateHandler.IdleStateEvent {
-            context.close(promise: nil)
-            return
-        }
-        context.fireUserInboundEventTriggered(event)
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

@@ -212,7 +212,10 @@ final class RDKafkaHandle: @unchecked Sendable {
             let text = errorText.withUnsafeBufferPointer { buffer in
                 buffer.baseAddress.map { String(cString: $0) } ?? ""
             }
-            throw KafkaError(code: .clientCreation, message: "librdkafka could not create the client: \(text)")
+            // What fails here is the settings' content: a TLS file librdkafka cannot load, a
+            // wrong key password, a SASL mechanism it lacks. Its text names the property (never
+            // a password's value).
+            throw KafkaError(code: .clientCreation, message: "librdkafka could not create the client from its settings (check the kafka.ssl.* and kafka.sasl.* files and values): \(text)")
         }
         confOwned = false  // rd_kafka_new took it
         self.pointer = handle

@@ -78,6 +78,9 @@ func exitStatus(of error: any Error) -> Int32? {
     case let error as LegacyClientError where error.code == .credentials || error.code == .configuration: 2
     // A librdkafka property refused (from kafka.properties, say): the configuration, not the work.
     case let error as KafkaError where error.code == .configuration: 2
+    // The client could not be made from its settings (a TLS file it cannot load, a wrong key
+    // password): also something to fix, not work that failed.
+    case let error as KafkaError where error.code == .clientCreation: 2
     case is CommandFailure: 1
     default: nil
     }

@@ -324,3 +324,34 @@ struct LegacyServicesTests {
         #expect(decoder.next() == FeedbackTuple(timestamp: 1_767_225_600, token: deadToken))
     }
 }
+
+@Suite("Simulator listeners")
+struct SimulatorListenerTests {
+    @Test("a port already taken is a configuration error naming the listener and the port, for HTTP/2 and legacy listeners alike")
+    func portTaken() async throws {
+        // Whichever listener is first to find its port taken: every one names itself.
+        let holder = try await APNsSimulator.start({
+            var configuration = APNsSimulatorConfiguration()
+            configuration.listeners.http2CleartextPort = 0
+            return configuration
+        }())
+        let taken = try #require(holder.port(.http2Cleartext))
+        for (listener, set) in [
+            ("HTTP/2 cleartext listener", { (c: inout APNsSimulatorConfiguration) in c.listeners.http2CleartextPort = taken }),
+            ("legacy gateway listener", { (c: inout APNsSimulatorConfiguration) in c.listeners.legacyGatewayPlainPort = taken }),
+        ] {
+            var configuration = APNsSimulatorConfiguration()
+            configuration.listeners.http2CleartextPort = nil
+            configuration.listeners.adminPort = nil
+            set(&configuration)
+            do {
+                let simulator = try await APNsSimulator.start(configuration)
+                await simulator.stop()
+                Issue.record("\(listener): started on a taken port")
+            } catch let error as SimulatorConfigurationError {
+                #expect(error.description.contains(listener) && error.description.contains(":\(taken)"), "\(error)")
+            }
+        }
+        await holder.stop()
+    }
+}

@@ -182,4 +182,20 @@ struct PublishCommandInputTests {
         #expect(status == 2, "\(command.lines.value)")
         #expect(command.lines.value.contains { $0.contains("linger.ms") }, "\(command.lines.value)")
     }
+
+    @Test("a TLS file librdkafka cannot load is a configuration error too: exit 2, naming the settings")
+    func unusableCAFile() async throws {
+        let path = NSTemporaryDirectory() + "apns-fleet-not-a-ca-" + UUID().uuidString + ".pem"
+        try Data("not a certificate\n".utf8).write(to: URL(fileURLWithPath: path))
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let command = ChildProcess("/bin/sh", [
+            "-c", #"echo '{"token":"'"$1"'","payload":{}}' | exec "$0" publish --brokers 127.0.0.1:1 --set kafka.security-protocol=ssl --set "kafka.ssl.ca-file=$2" --file - 2>&1"#,
+            try apnsFleetBinary(), String(repeating: "ab", count: 32), path,
+        ])
+        try command.start()
+        command.closeInput()
+        let status = try await command.waitForExit(timeout: 30)
+        #expect(status == 2, "\(command.lines.value)")
+        #expect(command.lines.value.contains { $0.contains("kafka.ssl.*") && $0.contains("ssl.ca.location") }, "\(command.lines.value)")
+    }
 }

@@ -120,7 +120,9 @@ public final class LegacyServices: Sendable {
                             }
                         }
                     }
-                let channel = try await bootstrap.bind(host: configuration.host, port: port).get()
+                let channel = try await listening("legacy \(listener.rawValue) listener", host: configuration.host, port: port) {
+                    try await bootstrap.bind(host: configuration.host, port: port).get()
+                }
                 channels.append(channel)
                 ports[listener] = channel.localAddress?.port
             }

@@ -66,7 +66,7 @@ struct FleetProcess {
         let shuttingDown = self.shuttingDown
         let logger = self.logger
         var configuration = ServiceGroupConfiguration(
-            services: services.map { .init(service: ExitOnFailure(base: $0, shuttingDown: shuttingDown, logger: logger)) },
+            services: services.map { .init(service: ExitOnFailure(base: $0, shuttingDown: shuttingDown, logger: logger, atRisk: atRisk)) },
             // Signals are handled below: the first drains, the second exits.
             gracefulShutdownSignals: [],
             cancellationSignals: [],
@@ -104,7 +104,7 @@ struct FleetProcess {
                 // Exit here rather than unwind: unwinding tears down librdkafka's handles, which
                 // has been seen to stall, and the signals that could end a stall are ignored by
                 // now (the handler above owns them).
-                Self.exit(after: error, "stopping: \(error)", logger: logger)
+                Self.exit(after: error, "stopping: \(error)", lost: atRisk(), logger: logger)
             }
             tasks.cancelAll()
         }
@@ -139,9 +139,11 @@ struct FleetProcess {
     }
 
     /// Ends the process on `error`: logged as `message`, written to standard error, with the
-    /// error's exit status (2 for a setting to fix, 1 otherwise).
-    static func exit(after error: any Error, _ message: String, logger: Logger) -> Never {
+    /// error's exit status (2 for a setting to fix, 1 otherwise). `lost` names what the exit
+    /// loses for good, as a stop's last line would.
+    static func exit(after error: any Error, _ message: String, lost: String? = nil, logger: Logger) -> Never {
         logger.critical("\(message)")
+        if let lost { logger.error("lost: \(lost)") }
         FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
         fflush(nil)
         _exit(exitStatus(of: error) ?? 1)
@@ -184,6 +186,8 @@ struct ExitOnFailure: Service {
     let base: any Service
     let shuttingDown: ShutdownFlag
     let logger: Logger
+    /// What exiting now would lose for good (see `FleetProcess.run`).
+    let atRisk: @Sendable () -> String?
 
     func run() async throws {
         do {
@@ -195,12 +199,12 @@ struct ExitOnFailure: Service {
                 logger.error("\(type(of: base)) failed while stopping: \(error)")
                 throw error
             }
-            FleetProcess.exit(after: error, "\(type(of: base)) failed; exiting: \(error)", logger: logger)
+            FleetProcess.exit(after: error, "\(type(of: base)) failed; exiting: \(error)", lost: atRisk(), logger: logger)
         }
         // Every service runs until asked to stop; one that ends by itself has stopped working
         // (ServiceLifecycle would then cancel the group and name only this wrapper).
         if !shuttingDown.isSet, !Task.isCancelled {
-            FleetProcess.exit(after: ServiceEndedEarly(service: "\(type(of: base))"), "\(type(of: base)) ended on its own; exiting", logger: logger)
+            FleetProcess.exit(after: ServiceEndedEarly(service: "\(type(of: base))"), "\(type(of: base)) ended on its own; exiting", lost: atRisk(), logger: logger)
         }
     }
 }
