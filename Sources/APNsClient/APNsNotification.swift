@@ -146,7 +146,7 @@ public enum APNsOutcome: Sendable, Hashable, CustomStringConvertible {
     public var attemptResult: AttemptResult {
         switch self {
         case .answered(let response): .answered(status: response.status, reason: response.reason)
-        case .notAnswered(let why): .notAnswered(why.description)
+        case .notAnswered(let why): why.certainlyNotProcessed ? .notAnswered(why.description) : .unconfirmed(why.description)
         }
     }
 

@@ -86,6 +86,7 @@ public enum ConfigurationKeys {
         .init("retry.max-attempts", "integer", "12", "Attempts in all before the result is failed, 1 to 1000; the defaults retry for about 80 to 160 seconds (delays doubling from retry.base-delay-ms, at most retry.max-delay-ms, halved at random)."),
         .init("retry.base-delay-ms", "integer", "100", "First backoff delay: 1 to 3,600,000, at most retry.max-delay-ms."),
         .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay: 1 to 86,400,000."),
+        .init("retry.possibly-delivered", "retry | give-up", "retry", "After an attempt APNs may have taken without answering (written, then a timeout, a lost or reset connection, a GOAWAY that covers it): retry sends it again, so a device may show it twice (a job's collapse_id merges the copies); give-up ends it failed, its reason saying it may have been delivered. HTTP/2 apps; the legacy binary interface's unanswered notifications are always retried."),
         // Admin
         .init("admin.host", "string", "127.0.0.1", "Address of /metrics, /healthz and /readyz."),
         .init("admin.port", "integer", "9464", "Port of /metrics, /healthz and /readyz; 0 takes a free port and logs it (tests, several workers on one host)."),

@@ -61,7 +61,8 @@ struct FleetConfigurationDecoder {
             inProcessAttempts: try int("retry.in-process-attempts", default: min(3, maxAttempts), range: 1...100),
             maxAttempts: maxAttempts,
             baseDelayMilliseconds: try int("retry.base-delay-ms", default: 100, range: 1...3_600_000),
-            maxDelayMilliseconds: try int("retry.max-delay-ms", default: 60_000, range: 1...86_400_000)
+            maxDelayMilliseconds: try int("retry.max-delay-ms", default: 60_000, range: 1...86_400_000),
+            possiblyDelivered: try choice("retry.possibly-delivered", default: .retry)
         )
         // A binary notification counts as delivered only after its quiet period; a request
         // timeout that comes first would call every one unanswered and send it again.

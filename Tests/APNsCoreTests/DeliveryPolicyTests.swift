@@ -33,6 +33,21 @@ struct DeliveryPolicyTests {
         #expect(after(4, .notAnswered("request timed out after 10 s")) == .finish(.failed, status: nil, reason: "request timed out after 10 s (gave up after 4 attempts)"))
     }
 
+    @Test("an attempt APNs may have taken is retried by default; with give-up it fails at once, saying so, while certain ones are still retried")
+    func possiblyDelivered() {
+        let lost = "the connection was lost after the request was written"
+        #expect(after(1, .unconfirmed(lost)) == .retryInProcess(afterMilliseconds: 100, lastReason: lost))
+        var cautious = policy
+        cautious.retry.possiblyDelivered = .giveUp
+        let decision = cautious.after(attempt: 1, result: .unconfirmed(lost), now: now, deadline: now.seconds - 60, expiration: nil, jitter: 1)
+        // Failed, not expired, even past the deadline: it may well have been delivered.
+        #expect(decision == .finish(.failed, status: nil, reason: "\(lost); not sent again, as APNs may have taken it (retry.possibly-delivered is give-up)"))
+        #expect(cautious.after(attempt: 1, result: .notAnswered("REFUSED_STREAM"), now: now, deadline: nil, expiration: nil, jitter: 1)
+            == .retryInProcess(afterMilliseconds: 100, lastReason: "REFUSED_STREAM"))
+        #expect(cautious.after(attempt: 1, result: .answered(status: 503, reason: .serviceUnavailable), now: now, deadline: nil, expiration: nil, jitter: 1)
+            == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
+    }
+
     @Test("an unknown reason is judged by its status")
     func unknownReason() {
         #expect(after(1, .answered(status: 503, reason: APNsReason(rawValue: "BrandNew"))) == .retryInProcess(afterMilliseconds: 100, lastReason: "BrandNew"))

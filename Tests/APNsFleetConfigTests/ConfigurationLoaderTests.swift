@@ -58,6 +58,9 @@ struct ConfigurationLoaderTests {
         #expect(configuration.apps.isEmpty)
         #expect(configuration.admin.host == "127.0.0.1")
         #expect(configuration.retry.inProcessAttempts == 3)
+        #expect(configuration.retry.possiblyDelivered == .retry)
+        let cautious = try await ConfigurationLoader(environment: ["APNS_FLEET_RETRY_POSSIBLY_DELIVERED": "give-up"]).load()
+        #expect(cautious.retry.possiblyDelivered == .giveUp)
     }
 
     @Test("a YAML file fills every section")
@@ -226,6 +229,7 @@ struct ConfigurationLoaderTests {
             // More than a job record (512 KiB at most) can hold: a limit that could never be reached.
             (["APNS_FLEET_WORKER_MAX_TOKENS_PER_JOB": "10000"], "configuration key 'worker.max-tokens-per-job': is 10000; it must be between 1 and 7500"),
             (["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "tls"], "configuration key 'kafka.security-protocol': is \"tls\"; expected one of plaintext, ssl, sasl_plaintext, sasl_ssl"),
+            (["APNS_FLEET_RETRY_POSSIBLY_DELIVERED": "never"], "configuration key 'retry.possibly-delivered': is \"never\"; expected one of retry, give-up"),
             (["APNS_FLEET_KAFKA_SECURITY_PROTOCOL": "sasl_ssl"], "configuration key 'kafka.sasl.mechanism': is required with security protocol sasl_ssl"),
             (["APNS_FLEET_APPS": "a"], "configuration key 'app.a.key-file': is required for token auth (the .p8 signing key)"),
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "short", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ"],

@@ -162,6 +162,24 @@ extension RetryPathTests {
         #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 0, "not sent")
     }
 
+    @Test("with retry.possibly-delivered give-up, a request APNs took but did not answer in time is failed after one attempt, not sent again")
+    func possiblyDeliveredGivesUp() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        // The simulator reads the request and answers only after the worker's request timeout.
+        behaviour.latency = .seconds(3)
+        let retry = RetryPolicy(inProcessAttempts: 2, maxAttempts: 4, baseDelayMilliseconds: 20, maxDelayMilliseconds: 100, possiblyDelivered: .giveUp)
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10, requestTimeout: .milliseconds(500))
+        let job = fleet.job(#"{"id":"once","token":"\#(InProcessFleet.token(3))","payload":{}}"#)
+        let outcome = try await fleet.run([job]) { results, _ in !results.isEmpty }
+        let result = try #require(outcome.results.first)
+        #expect(result.outcome == .failed, "\(result.outcome): \(result.reason ?? "")")
+        #expect(result.attempts == 1)
+        #expect(result.reason?.contains("not sent again, as APNs may have taken it") == true, "\(result.reason ?? "")")
+        #expect(result.apnsID != nil, "the apns-id it was sent with, to match against APNs's own records")
+        #expect(outcome.retries.isEmpty)
+        #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 1, "sent once")
+    }
+
     @Test("a job whose deadline passes while it waits for a stream is expired and never sent")
     func deadlinePassesWhileWaitingForAStream() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
@@ -169,7 +187,9 @@ extension RetryPathTests {
         // waits for it past its deadline.
         behaviour.latency = .seconds(8)
         behaviour.maxConcurrentStreams = 1
-        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10)
+        // A request timeout well above the 8 s: on a loaded host (the whole suite at once) the
+        // answer once came after the default 10 s, the holder was retried, and the run timed out.
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: RetryPolicy(), maxInFlight: 10, requestTimeout: .seconds(30))
         let simulator = fleet.backends.simulator
         let first = fleet.job(#"{"id":"holder","token":"\#(InProcessFleet.token(1))","payload":{}}"#)
         let published = Shared(false)

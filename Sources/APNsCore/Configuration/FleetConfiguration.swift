@@ -377,12 +377,25 @@ public struct RetryPolicy: Sendable, Hashable {
     public var baseDelayMilliseconds: Int
     /// Default: 60 000 ms.
     public var maxDelayMilliseconds: Int
+    /// After an attempt APNs may have taken without answering (written, then a timeout or a
+    /// lost connection): send it again (a device may then show it twice, unless the job sets
+    /// `collapse_id`), or give up with `failed`. Default: `.retry`.
+    public var possiblyDelivered: PossiblyDelivered
 
-    public init(inProcessAttempts: Int = 3, maxAttempts: Int = 12, baseDelayMilliseconds: Int = 100, maxDelayMilliseconds: Int = 60_000) {
+    public enum PossiblyDelivered: String, Sendable, Hashable, CaseIterable {
+        case retry
+        case giveUp = "give-up"
+    }
+
+    public init(
+        inProcessAttempts: Int = 3, maxAttempts: Int = 12, baseDelayMilliseconds: Int = 100, maxDelayMilliseconds: Int = 60_000,
+        possiblyDelivered: PossiblyDelivered = .retry
+    ) {
         self.inProcessAttempts = inProcessAttempts
         self.maxAttempts = maxAttempts
         self.baseDelayMilliseconds = baseDelayMilliseconds
         self.maxDelayMilliseconds = maxDelayMilliseconds
+        self.possiblyDelivered = possiblyDelivered
     }
 
     /// The delay before attempt `attempt + 1`: base·2^(attempt-1), capped, with "full jitter"

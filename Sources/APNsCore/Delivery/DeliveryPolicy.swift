@@ -2,13 +2,19 @@
 public enum AttemptResult: Sendable, Hashable {
     /// APNs answered with a status (and, unless 200, a reason).
     case answered(status: Int, reason: APNsReason?)
-    /// No answer: the connection failed, the stream was refused, or the request's deadline
-    /// passed. The text says which, and becomes `last-reason` / the result's reason.
+    /// No answer, and APNs certainly did not take the request: it was never written, or the
+    /// stream was refused. The text says why, and becomes `last-reason` / the result's reason.
     case notAnswered(String)
+    /// No answer, but APNs may have taken the request: it was written, then its deadline
+    /// passed or its connection was lost, reset or went away. Sent again, a device could get
+    /// it twice (`RetryPolicy.possiblyDelivered` decides).
+    case unconfirmed(String)
 
     public var isNotAnswered: Bool {
-        if case .notAnswered = self { return true }
-        return false
+        switch self {
+        case .notAnswered, .unconfirmed: true
+        case .answered: false
+        }
     }
 
     /// APNs's HTTP status, when it answered.
@@ -21,7 +27,7 @@ public enum AttemptResult: Sendable, Hashable {
     public var lastReason: String {
         switch self {
         case .answered(let status, let reason): reason?.rawValue ?? "HTTP \(status)"
-        case .notAnswered(let why): why
+        case .notAnswered(let why), .unconfirmed(let why): why
         }
     }
 }
@@ -43,6 +49,8 @@ public enum DeliveryDecision: Sendable, Hashable {
 /// - Retryable answers (429, 500, 503, a stale provider token) and unanswered attempts back off
 ///   exponentially with jitter: `inProcessAttempts` times in process, then through the retry
 ///   topic, until `maxAttempts`, after which the result is `failed`.
+/// - An attempt APNs may have taken without answering is retried like the others, or, with
+///   `possiblyDelivered` `.giveUp`, ends `failed` at once (no second copy from the worker).
 /// - Nothing is retried past the job's `deadline` or its non-zero `apns-expiration`: the
 ///   result is then `expired`. (`apns-expiration` 0 means APNs will not store the notification;
 ///   it does not stop the worker from getting it to APNs a moment later.)
@@ -94,6 +102,9 @@ public struct DeliveryPolicy: Sendable, Hashable {
                 return .finish(.rejected, status: status, reason: reason?.rawValue)
             }
             lastStatus = status
+        }
+        if case .unconfirmed(let why) = result, retry.possiblyDelivered == .giveUp {
+            return .finish(.failed, status: nil, reason: "\(why); not sent again, as APNs may have taken it (retry.possibly-delivered is give-up)")
         }
         let lastReason = result.lastReason
 
