@@ -333,11 +333,15 @@ struct GatewayStateMachine<Waiter> {
 
     // MARK: Helpers
 
-    /// Time beyond the quiet period that confirming a notification written now may take: the
-    /// client's tick (a fifth of the quiet period, 5 to 100 ms) and 100 ms for its bytes to
-    /// reach the socket behind others.
+    /// How often the client calls `tick`: a fifth of the quiet period, 5 to 100 ms.
+    static func tickInterval(_ quietPeriod: Duration) -> Duration {
+        min(max(quietPeriod / 5, .milliseconds(5)), .milliseconds(100))
+    }
+
+    /// Time beyond the quiet period that confirming a notification written now may take: a
+    /// tick, and 100 ms for its bytes to reach the socket behind others.
     static func confirmationMargin(_ quietPeriod: Duration) -> Duration {
-        min(max(quietPeriod / 5, .milliseconds(5)), .milliseconds(100)) + .milliseconds(100)
+        tickInterval(quietPeriod) + .milliseconds(100)
     }
 
     /// Why a queued notification must no longer be written at `now`, if it must not.

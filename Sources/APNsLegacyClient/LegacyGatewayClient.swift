@@ -376,7 +376,7 @@ public final class LegacyGatewayClient: Service, Sendable {
     }
 
     private var tickInterval: Duration {
-        min(max(configuration.quietPeriod / 5, .milliseconds(5)), .milliseconds(100))
+        Machine.tickInterval(configuration.quietPeriod)
     }
 
     /// Confirms quiet notifications and enforces deadlines.

@@ -33,10 +33,12 @@ public final class AdminServer: Service, Sendable {
     /// hold a connection for ever. A scraper that keeps its connection between scrapes further
     /// apart than this reconnects (Prometheus retries such a GET on a new connection).
     private let idleTimeout: TimeAmount
-    /// Connections open at once beyond which new ones are closed at once: a client opening many
-    /// must not use up the file descriptors that the APNs and Kafka connections need.
+    /// Connections open at once at most; a new one beyond that closes the oldest. A client
+    /// opening many must not use up the file descriptors that the APNs and Kafka connections
+    /// need, nor (by holding them) lock the kubelet's probes out: probes and scrapes are short,
+    /// so the oldest connection is the one least likely to be in use.
     static let maximumConnections = 64
-    private let openConnections = Atomic<Int>(0)
+    private let openConnections = Mutex<[any Channel]>([])
 
     public init(
         host: String,
@@ -88,12 +90,14 @@ public final class AdminServer: Service, Sendable {
         return try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelInitializer { [self] channel in
-                guard openConnections.add(1, ordering: .relaxed).newValue <= Self.maximumConnections else {
-                    openConnections.subtract(1, ordering: .relaxed)
-                    // Failing the initializer closes the connection.
-                    return channel.eventLoop.makeFailedFuture(ChannelError.inputClosed)
+                let evicted = openConnections.withLock { open -> (any Channel)? in
+                    open.append(channel)
+                    return open.count > Self.maximumConnections ? open.removeFirst() : nil
                 }
-                channel.closeFuture.whenComplete { _ in self.openConnections.subtract(1, ordering: .relaxed) }
+                evicted?.close(promise: nil)
+                channel.closeFuture.whenComplete { _ in
+                    self.openConnections.withLock { open in open.removeAll { $0 === channel } }
+                }
                 return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
                     try channel.pipeline.syncOperations.addHandler(AdminHandler(metrics: metrics, readiness: readiness, pipeline: pipeline, requestTimeout: idleTimeout))
@@ -172,6 +176,9 @@ final class AdminHandler: ChannelInboundHandler {
                 context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
                 armDeadline(context: context)
             } else {
+                // The connection's deadline must not cut the answer short; the close follows it.
+                deadline?.cancel()
+                deadline = nil
                 let channel = context.channel
                 context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in channel.close(promise: nil) }
             }

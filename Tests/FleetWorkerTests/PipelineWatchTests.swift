@@ -9,7 +9,7 @@ import Testing
 
 @Suite("Admin probes watch the Kafka pipeline")
 struct PipelineWatchTests {
-    @Test("the admin endpoint closes a connection that does not complete a request in time, even one trickling bytes; HTTP/1.0 is closed after its answer")
+    @Test("the admin endpoint closes a connection that does not complete a request in time, even one trickling bytes")
     func quietConnectionsAreClosed() async throws {
         var logger = Logger(label: "admin-idle-test")
         logger.logLevel = .critical
@@ -21,65 +21,105 @@ struct PipelineWatchTests {
             group.addTask { try await admin.run() }
             try await waitUntil("the admin port") { admin.localPort != nil }
             let port = try #require(admin.localPort)
-            for sendsRequest in [false, true] {
-                let socket = try connectTCP(port: port, receiveTimeoutSeconds: 5)
-                defer { close(socket) }
-                let opened = ContinuousClock.now
-                var received: [UInt8] = []
-                var closedWhileTrickling = false
-                if sendsRequest {
-                    let request = Array("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".utf8)
-                    #expect(request.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, 0) } == request.count)
-                } else {
-                    // A byte every 100 ms or more (at least 4 s in all), never a whole request,
-                    // until the server closes: a timeout that each byte restarted would not.
-                    for byte in Array("GET /metrics HTTP/1.1\r\nHost: localhost\r\n".utf8) {
-                        // Closed: an end of stream, or a reset (the server closed with bytes of
-                        // ours still unread).
-                        var peek: UInt8 = 0
-                        let peeked = recv(socket, &peek, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
-                        if peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-                            closedWhileTrickling = true
-                            break
-                        }
-                        _ = withUnsafeBytes(of: byte) { send(socket, $0.baseAddress, 1, Int32(MSG_NOSIGNAL)) }
-                        try await Task.sleep(for: .milliseconds(100))
-                    }
-                }
-                // Read until the server closes (0, or a reset) or the 5 s receive timeout (EAGAIN).
-                var buffer = [UInt8](repeating: 0, count: 4096)
-                var last = 1
-                var readError: Int32 = 0
-                while last > 0 {
-                    last = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
-                    if last > 0 { received += buffer[0..<last] } else if last < 0 { readError = errno }
-                }
-                let waited = ContinuousClock.now - opened
-                #expect(last == 0 || readError == ECONNRESET, "closed by the server, not left open until the read timed out")
-                #expect(waited >= .milliseconds(400), "\(waited)")
-                if sendsRequest {
-                    #expect(waited < .seconds(4), "\(waited)")
-                    #expect(String(decoding: received, as: UTF8.self).contains("up 1"), "answered first")
-                } else {
-                    #expect(closedWhileTrickling, "closed while bytes still came, after \(waited)")
-                }
-            }
+            try await Self.expectQuietConnectionsClosed(port: port)
+            group.cancelAll()
+        }
+    }
 
-            // HTTP/1.0 expects the server to close once it has answered: at once, not after the timeout.
+    /// A connection that trickles bytes without completing a request, and one that goes quiet
+    /// after its answer, are closed by the server (its request timeout is 500 ms).
+    static func expectQuietConnectionsClosed(port: Int) async throws {
+        for sendsRequest in [false, true] {
             let socket = try connectTCP(port: port, receiveTimeoutSeconds: 5)
             defer { close(socket) }
-            let asked = ContinuousClock.now
-            let request = Array("GET /healthz HTTP/1.0\r\n\r\n".utf8)
-            #expect(request.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, 0) } == request.count)
-            var buffer = [UInt8](repeating: 0, count: 4096)
+            let opened = ContinuousClock.now
             var received: [UInt8] = []
+            var closedWhileTrickling = false
+            if sendsRequest {
+                let request = Array("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".utf8)
+                #expect(request.withUnsafeBytes { send(socket, $0.baseAddress, $0.count, 0) } == request.count)
+            } else {
+                // A byte every 100 ms or more (at least 4 s in all), never a whole request,
+                // until the server closes: a timeout that each byte restarted would not.
+                for byte in Array("GET /metrics HTTP/1.1\r\nHost: localhost\r\n".utf8) {
+                    // Closed: an end of stream, or a reset (the server closed with bytes of
+                    // ours still unread).
+                    var peek: UInt8 = 0
+                    let peeked = recv(socket, &peek, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+                    if peeked == 0 || (peeked < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+                        closedWhileTrickling = true
+                        break
+                    }
+                    _ = withUnsafeBytes(of: byte) { send(socket, $0.baseAddress, 1, Int32(MSG_NOSIGNAL)) }
+                    try await Task.sleep(for: .milliseconds(100))
+                }
+            }
+            // Read until the server closes (0, or a reset) or the 5 s receive timeout (EAGAIN).
+            var buffer = [UInt8](repeating: 0, count: 4096)
             var last = 1
+            var readError: Int32 = 0
             while last > 0 {
                 last = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
-                if last > 0 { received += buffer[0..<last] }
+                if last > 0 { received += buffer[0..<last] } else if last < 0 { readError = errno }
             }
-            #expect(last == 0 && ContinuousClock.now - asked < .milliseconds(400), "closed after the answer")
-            #expect(String(decoding: received, as: UTF8.self).contains("ok"))
+            let waited = ContinuousClock.now - opened
+            #expect(last == 0 || readError == ECONNRESET, "closed by the server, not left open until the read timed out")
+            #expect(waited >= .milliseconds(400), "\(waited)")
+            if sendsRequest {
+                #expect(waited < .seconds(4), "\(waited)")
+                #expect(String(decoding: received, as: UTF8.self).contains("up 1"), "answered first")
+            } else {
+                #expect(closedWhileTrickling, "closed while bytes still came, after \(waited)")
+            }
+        }
+    }
+
+    @Test("HTTP/1.0 is closed once answered; past the connection cap the oldest connection gives way, so a probe still gets in")
+    func closeAndCap() async throws {
+        var logger = Logger(label: "admin-cap-test")
+        logger.logLevel = .critical
+        // A long request timeout: only the behaviour under test closes connections here.
+        let admin = AdminServer(
+            host: "127.0.0.1", port: 0, logger: logger, metrics: { [] },
+            readiness: { .init(ready: true, detail: "fine") }, idleTimeout: .seconds(30)
+        )
+        /// Reads until the server closes (true) or `seconds` pass (false).
+        func readToClose(_ socket: Int32) -> (closed: Bool, text: String) {
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            var received: [UInt8] = []
+            while true {
+                let count = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
+                if count > 0 { received += buffer[0..<count] } else { return (count == 0 || errno == ECONNRESET, String(decoding: received, as: UTF8.self)) }
+            }
+        }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await admin.run() }
+            try await waitUntil("the admin port") { admin.localPort != nil }
+            let port = try #require(admin.localPort)
+
+            let plain = try connectTCP(port: port, receiveTimeoutSeconds: 10)
+            defer { close(plain) }
+            let asked = ContinuousClock.now
+            let request = Array("GET /healthz HTTP/1.0\r\n\r\n".utf8)
+            #expect(request.withUnsafeBytes { send(plain, $0.baseAddress, $0.count, 0) } == request.count)
+            let answered = readToClose(plain)
+            #expect(answered.closed && ContinuousClock.now - asked < .seconds(5), "closed after the answer, not at the 30 s timeout")
+            #expect(answered.text.contains("ok") && answered.text.lowercased().contains("connection: close"), "\(answered.text)")
+
+            // Enough silent connections to fill the cap, opened one after another.
+            var silent: [Int32] = []
+            defer { for socket in silent { close(socket) } }
+            for _ in 0..<AdminServer.maximumConnections {
+                silent.append(try connectTCP(port: port, receiveTimeoutSeconds: 10))
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            let probe = try connectTCP(port: port, receiveTimeoutSeconds: 10)
+            defer { close(probe) }
+            let get = Array("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".utf8)
+            #expect(get.withUnsafeBytes { send(probe, $0.baseAddress, $0.count, 0) } == get.count)
+            let probed = readToClose(probe)
+            #expect(probed.text.contains("200 OK"), "the probe was answered: \(probed.text)")
+            #expect(readToClose(silent[0]).closed, "the oldest silent connection was closed to make room")
             group.cancelAll()
         }
     }

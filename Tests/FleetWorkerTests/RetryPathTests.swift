@@ -162,7 +162,7 @@ extension RetryPathTests {
         #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 0, "not sent")
     }
 
-    @Test("with retry.possibly-delivered give-up, a request APNs took but did not answer in time is failed after one attempt, not sent again")
+    @Test("with retry.possibly-delivered give-up, a request APNs took but did not answer in time is failed, not sent again")
     func possiblyDeliveredGivesUp() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
         // The simulator reads the request and answers only after the worker's request timeout.
@@ -173,10 +173,11 @@ extension RetryPathTests {
         let outcome = try await fleet.run([job]) { results, _ in !results.isEmpty }
         let result = try #require(outcome.results.first)
         #expect(result.outcome == .failed, "\(result.outcome): \(result.reason ?? "")")
-        #expect(result.attempts == 1)
         #expect(result.reason?.contains("not sent again, as APNs may have taken it") == true, "\(result.reason ?? "")")
         #expect(result.apnsID != nil, "the apns-id it was sent with, to match against APNs's own records")
         #expect(outcome.retries.isEmpty)
+        // Once APNs had it, never again. (An attempt before the connection was ready, which
+        // certainly did not reach APNs, may come first on a slow host: `attempts` can be 2.)
         #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 1, "sent once")
     }
 

@@ -115,13 +115,18 @@ struct FleetBench {
             // The workers' added latency once they have recorded the warm-up's worth: the end of
             // the run subtracts it, so that connecting and the first batches stay out. Counted by
             // the histogram itself, not by the reader, which can lag until the run's end.
+            // Read every 250 ms at most: rendering /metrics costs the workers CPU, which the
+            // run measures.
             var addedAfterWarmup: PrometheusHistogram?
+            var nextAddedReading = ContinuousClock.now
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
-                if settings.warmup > 0, addedAfterWarmup == nil, let reading = Self.addedLatency(ports: fleet.pushWorkerAdminPorts),
-                    reading.count >= Double(settings.warmup) {
-                    addedAfterWarmup = reading
+                if settings.warmup > 0, addedAfterWarmup == nil, ContinuousClock.now >= nextAddedReading {
+                    nextAddedReading = .now + .milliseconds(250)
+                    if let reading = Self.addedLatency(ports: fleet.pushWorkerAdminPorts), reading.count >= Double(settings.warmup) {
+                        addedAfterWarmup = reading
+                    }
                 }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if snapshot.notificationsSeen != progress.seen { progress = (snapshot.notificationsSeen, .now) }
@@ -214,9 +219,11 @@ struct FleetBench {
 
     static func nowMillis() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
-    /// The workers' `apns.worker.added_latency` histogram, added together; nil if none answered.
+    /// The workers' `apns.worker.added_latency` histogram, added together; nil unless every
+    /// worker answered (a reading of some would not subtract from one of all).
     static func addedLatency(ports: [Int]) -> PrometheusHistogram? {
         let texts = ports.compactMap { try? localHTTPRequest(method: "GET", port: $0, path: "/metrics").body }
+        guard texts.count == ports.count else { return nil }
         return PrometheusHistogram(texts.joined(separator: "\n"), name: "apns_worker_added_latency")
     }
 }
