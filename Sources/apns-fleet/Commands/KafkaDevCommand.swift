@@ -85,21 +85,27 @@ struct KafkaDevCommand: AsyncParsableCommand {
         for topic in topicNames {
             try cluster.createTopic(topic, partitions: partitions, replicationFactor: replicationFactor)
         }
-        // The file first: whoever sees the line may read the file at once.
-        if let bootstrapFile {
-            try writeAtomically(cluster.bootstrapServers + "\n", to: bootstrapFile)
-        }
         let output = ConsoleOutput()
-        output.line(cluster.bootstrapServers)
-        logger.notice(
-            "kafka-dev running",
-            metadata: [
-                "kafka.bootstrap": "\(cluster.bootstrapServers)",
-                "kafka.brokers": "\(brokers)",
-                "kafka.topics": "\(topicNames.joined(separator: ","))",
-                "kafka.partitions": "\(partitions)",
-            ]
-        )
+        let bootstrapFile = self.bootstrapFile
+        let (brokers, partitions, announcer) = (self.brokers, self.partitions, logger)
+        // Announced from inside the service group, once its signal handlers are in place: a
+        // script that stops kafka-dev as soon as it sees the line gets a clean stop.
+        let announce: @Sendable () throws -> Void = {
+            // The file first: whoever sees the line may read the file at once.
+            if let bootstrapFile {
+                try Self.writeAtomically(cluster.bootstrapServers + "\n", to: bootstrapFile)
+            }
+            output.line(cluster.bootstrapServers)
+            announcer.notice(
+                "kafka-dev running",
+                metadata: [
+                    "kafka.bootstrap": "\(cluster.bootstrapServers)",
+                    "kafka.brokers": "\(brokers)",
+                    "kafka.topics": "\(topicNames.joined(separator: ","))",
+                    "kafka.partitions": "\(partitions)",
+                ]
+            )
+        }
 
         if !noStdin {
             let console = MockClusterConsole(cluster: cluster)
@@ -118,16 +124,22 @@ struct KafkaDevCommand: AsyncParsableCommand {
 
         let group = ServiceGroup(
             configuration: .init(
-                services: [KafkaDevService(cluster: cluster)],
+                services: [KafkaDevService(cluster: cluster, announce: announce)],
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger
             )
         )
         try await group.run()
         logger.notice("kafka-dev stopped")
+        // `_exit`, not a return through `exit`: the stdin thread keeps the cluster (and its
+        // broker threads) alive, and atexit handlers (OpenSSL's cleanup among them) must not run
+        // under them. Nothing is left to flush (the lines go out with write(2), the log to
+        // unbuffered stderr), and `fflush(nil)` would wait for stdin's lock, which the stdin
+        // thread holds while blocked in its read.
+        _exit(0)
     }
 
-    private func writeAtomically(_ text: String, to path: String) throws {
+    private static func writeAtomically(_ text: String, to path: String) throws {
         let temporary = path + ".tmp-\(getpid())"
         guard FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8)) else {
             throw CommandFailure("cannot write the bootstrap file \(temporary)")
@@ -143,8 +155,10 @@ struct KafkaDevCommand: AsyncParsableCommand {
 /// Keeps the mock cluster alive until graceful shutdown.
 private struct KafkaDevService: Service {
     let cluster: MockKafkaCluster
+    let announce: @Sendable () throws -> Void
 
     func run() async throws {
+        try announce()
         try? await gracefulShutdown()
         withExtendedLifetime(cluster) {}
     }
