@@ -73,7 +73,7 @@ public enum ConfigurationKeys {
         .init("app.<name>.legacy-feedback", "host:port", "(none)", "Legacy feedback service, polled by the feedback worker (Apple closed its own in March 2021)."),
         .init("app.<name>.legacy-tls", "bool", "true", "Whether the legacy endpoints use TLS (false only for local tests); refused without a legacy endpoint."),
         .init("app.<name>.legacy-format", "enhanced | simple", "enhanced", "Binary interface format: enhanced (command 1, identifiers and expiry) or simple (command 0); protocol binary only."),
-        .init("app.<name>.legacy-quiet-period-ms", "10-60000", "1000", "Silence from the gateway after which a binary notification counts as delivered; at least 1 s below worker.request-timeout-seconds; protocol binary only."),
+        .init("app.<name>.legacy-quiet-period-ms", "10-60000", "1000", "Silence from the gateway after which a binary notification counts as delivered; at least 1 s below worker.request-timeout-seconds; protocol binary only. Below 500 towards a gateway on another host, a warning: error-responses slower than that cannot be attributed."),
         .init("app.<name>.legacy-error-reconnects-per-second", "1-1000", "5", "After a burst of ten, how many reconnects a second per connection follow error-responses that blame a notification (an invalid token closes the connection): a stale token list is handled this fast; Apple treats rapid reconnects as an attack. Protocol binary only."),
         // Worker
         .init("worker.id", "string", "worker-<host>-<pid>", "Written into every result's worker field (the feedback worker's default is feedback-<host>-<pid>)."),

@@ -1,12 +1,32 @@
 import APNsCore
 
-/// Settings that weaken security without being errors: each gets a warning when a worker starts.
+/// Settings that weaken security (or, for one, what results can be trusted to say) without
+/// being errors: each gets a warning when a worker starts.
 public enum SecurityWarnings {
-    /// Every warning for `configuration`: key files others can read, and Kafka TLS checks turned
-    /// off through passed-through librdkafka properties.
+    /// Every warning for `configuration`: key files others can read, Kafka TLS checks turned
+    /// off through passed-through librdkafka properties, and the legacy settings below.
     public static func all(for configuration: FleetConfiguration) -> [String] {
         SecretFile.permissionWarnings(for: configuration) + kafkaTLSWarnings(configuration.kafka.properties)
             + unusedKafkaSecurityWarnings(configuration.kafka) + plainLegacyWarnings(configuration.apps)
+            + shortQuietPeriodWarnings(configuration.apps)
+    }
+
+    /// Below this, a quiet period is shorter than a round trip to a distant gateway.
+    static let shortestRemoteQuietPeriodMilliseconds = 500
+
+    /// A binary notification counts as delivered once its quiet period passes without an
+    /// error-response. Shorter than the round trip to a remote gateway, its error-responses
+    /// (an invalid token, say) arrive too late to be attributed: such notifications are
+    /// reported delivered, and their dead tokens never become token events. Short periods suit
+    /// a simulator on this host, as the tests use.
+    static func shortQuietPeriodWarnings(_ apps: [AppConfiguration]) -> [String] {
+        apps.compactMap { app in
+            guard app.transport == .binary, app.legacyQuietPeriodMilliseconds < shortestRemoteQuietPeriodMilliseconds,
+                let gateway = app.legacyGateway, !isLoopback(gateway.host)
+            else { return nil }
+            return "app.\(app.name).legacy-quiet-period-ms is \(app.legacyQuietPeriodMilliseconds) ms: an error-response from \(gateway.host) that takes longer to arrive "
+                + "comes after the notification was counted delivered, and cannot be attributed (its token is never invalidated); keep it above the round trip (default 1000)"
+        }
     }
 
     /// TLS or SASL settings under a protocol that uses neither are ignored: most likely the

@@ -564,6 +564,22 @@ struct ConfigurationLoaderTests {
         #expect(SecretFile.permissionWarnings(for: configuration) == ["app.a.key-file: \(link) is readable by every user (mode 644); run chmod 600 on it"])
     }
 
+    @Test("a legacy quiet period shorter than a round trip to a remote gateway is warned about; towards this host it is fine")
+    func shortQuietPeriod() async throws {
+        func warnings(gateway: String, quietMilliseconds: Int) async throws -> [String] {
+            let configuration = try await ConfigurationLoader(environment: [
+                "APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_AUTH": "certificate", "APNS_FLEET_APP_A_CERTIFICATE_FILE": "/c.pem",
+                "APNS_FLEET_APP_A_PRIVATE_KEY_FILE": "/k.pem", "APNS_FLEET_APP_A_PROTOCOL": "binary",
+                "APNS_FLEET_APP_A_LEGACY_GATEWAY": gateway, "APNS_FLEET_APP_A_LEGACY_QUIET_PERIOD_MS": "\(quietMilliseconds)",
+            ]).load()
+            return SecurityWarnings.all(for: configuration)
+        }
+        let remote = try await warnings(gateway: "gateway.example.net:2195", quietMilliseconds: 100)
+        #expect(remote.count == 1 && remote[0].hasPrefix("app.a.legacy-quiet-period-ms is 100 ms: an error-response from gateway.example.net"), "\(remote)")
+        #expect(try await warnings(gateway: "gateway.example.net:2195", quietMilliseconds: 1000).isEmpty)
+        #expect(try await warnings(gateway: "127.0.0.1:2295", quietMilliseconds: 100).isEmpty)
+    }
+
     @Test("Kafka TLS checks switched off through kafka.properties are warned about")
     func kafkaVerificationOff() async throws {
         let relaxed = try await ConfigurationLoader(environment: [
