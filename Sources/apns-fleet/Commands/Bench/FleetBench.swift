@@ -171,7 +171,8 @@ struct FleetBench {
             let cpu = zip(usages, cpuAtStart).reduce(0.0) { $0 + (($1.0?.cpuSeconds ?? $1.1) - $1.1) }
             let latencies = measuredTimings.compactMap(\.latencyMs).sorted()
             var record = BenchRecord()
-            record.set("suite", settings.workers > 1 ? "scaling" : "e2e")
+            // `bench scaling` labels its own runs; `bench e2e --workers 2` stays e2e.
+            record.set("suite", "e2e")
             record.set("run", "\(index)")
             record.set("workers", settings.workers)
             record.set("partitions", settings.partitions)

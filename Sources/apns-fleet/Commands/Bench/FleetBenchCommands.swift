@@ -37,12 +37,18 @@ struct FleetBenchOptions: ParsableArguments {
     @Option(help: "Append a Markdown table of the runs to this file.")
     var markdown: String?
 
+    @Option(help: "Give up on a run that has not got every result after this many seconds (a paced run needs more than --jobs / --rate).")
+    var timeout = 900
+
     @Option(help: "Working directory for the fleet's credentials and logs.")
     var dir = ".bench"
 
     func validate() throws {
-        guard jobs > 0, warmup >= 0, warmup < jobs - 1, partitions > 0, runs > 0 else {
-            throw ValidationError("--jobs, --partitions and --runs must be positive, and --warmup must leave at least two results to measure (below --jobs - 1)")
+        guard jobs > 0, warmup >= 0, warmup < jobs - 1, partitions > 0, runs > 0, timeout > 0 else {
+            throw ValidationError("--jobs, --partitions, --runs and --timeout must be positive, and --warmup must leave at least two results to measure (below --jobs - 1)")
+        }
+        if let rate, rate > 0, Double(jobs) / rate >= Double(timeout) {
+            throw ValidationError("--jobs \(jobs) at --rate \(rate) take \(Int((Double(jobs) / rate).rounded(.up))) s to publish, past --timeout \(timeout) s; raise --timeout")
         }
         if let mix { _ = try JobMix(parsing: mix) }
         try checkRate(rate)
@@ -53,6 +59,7 @@ struct FleetBenchOptions: ParsableArguments {
         settings.jobs = jobs
         settings.warmup = warmup
         settings.workers = workers
+        settings.timeout = .seconds(timeout)
         settings.partitions = partitions
         settings.rate = rate
         settings.mix = try mix.map { try JobMix(parsing: $0) } ?? .allGood
