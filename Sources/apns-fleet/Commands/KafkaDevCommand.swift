@@ -87,7 +87,7 @@ struct KafkaDevCommand: AsyncParsableCommand {
         }
         let output = ConsoleOutput()
         let bootstrapFile = self.bootstrapFile
-        let (brokers, partitions, announcer) = (self.brokers, self.partitions, logger)
+        let (brokers, partitions, announcer, noStdin) = (self.brokers, self.partitions, logger, self.noStdin)
         // Announced from inside the service group, once its signal handlers are in place: a
         // script that stops kafka-dev as soon as it sees the line gets a clean stop.
         let announce: @Sendable () throws -> Void = {
@@ -105,21 +105,23 @@ struct KafkaDevCommand: AsyncParsableCommand {
                     "kafka.partitions": "\(partitions)",
                 ]
             )
-        }
-
-        if !noStdin {
-            let console = MockClusterConsole(cluster: cluster)
-            // stdin is read with blocking calls, so on its own thread. At shutdown the process
-            // exits with the thread still blocked in read(2), which is harmless.
-            let thread = Thread {
-                while let line = readLine() {
-                    let trimmed = line.trimmingCharacters(in: .whitespaces)
-                    if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
-                    output.line(console.execute(trimmed))
+            // Commands on stdin only after the line: its first line is always the bootstrap
+            // servers, and a failure above (an unwritable bootstrap file) ends the process
+            // before a thread blocks in a read of stdin.
+            if !noStdin {
+                let console = MockClusterConsole(cluster: cluster)
+                // stdin is read with blocking calls, so on its own thread. At shutdown the
+                // process exits with the thread still blocked in read(2), which is harmless.
+                let thread = Thread {
+                    while let line = readLine() {
+                        let trimmed = line.trimmingCharacters(in: .whitespaces)
+                        if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
+                        output.line(console.execute(trimmed))
+                    }
                 }
+                thread.name = "kafka-dev-stdin"
+                thread.start()
             }
-            thread.name = "kafka-dev-stdin"
-            thread.start()
         }
 
         let group = ServiceGroup(

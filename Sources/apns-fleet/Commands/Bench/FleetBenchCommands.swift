@@ -47,11 +47,11 @@ struct FleetBenchOptions: ParsableArguments {
         guard jobs > 0, warmup >= 0, warmup < jobs - 1, partitions > 0, runs > 0, timeout > 0 else {
             throw ValidationError("--jobs, --partitions, --runs and --timeout must be positive, and --warmup must leave at least two results to measure (below --jobs - 1)")
         }
-        if let rate, rate > 0, Double(jobs) / rate >= Double(timeout) {
+        try checkRate(rate)
+        if let rate, Double(jobs) / rate >= Double(timeout) {
             throw ValidationError("--jobs \(jobs) at --rate \(rate) take \(Int((Double(jobs) / rate).rounded(.up))) s to publish, past --timeout \(timeout) s; raise --timeout")
         }
         if let mix { _ = try JobMix(parsing: mix) }
-        try checkRate(rate)
     }
 
     func settings(workers: Int) throws -> FleetBench.Settings {
