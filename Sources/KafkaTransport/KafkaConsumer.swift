@@ -56,7 +56,7 @@ public final class KafkaConsumer: Service, Sendable {
         }
         let core = ConsumerCore(configuration: configuration, logger: logger, hasRevocationHandler: onRevoke != nil, onLoss: onLoss)
         let context = ClientContext(
-            logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metrics,
+            logger: logger, clientID: configuration.client.clientID, role: "consumer", metrics: configuration.client.metrics,
             rebalance: { rk, error, list in core.rebalance(rk, error, list) },
             committed: { error, offsets in core.commitCompleted(error, offsets) }
         )

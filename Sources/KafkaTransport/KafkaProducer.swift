@@ -28,7 +28,7 @@ public final class KafkaProducer: Service, Sendable {
         logger: Logger,
         shutdownFlushTimeout: Duration = .seconds(10)
     ) throws(KafkaError) {
-        let context = ClientContext(logger: logger, clientID: configuration.client.clientID, metrics: configuration.client.metrics)
+        let context = ClientContext(logger: logger, clientID: configuration.client.clientID, role: "producer", metrics: configuration.client.metrics)
         let handle = try RDKafkaHandle(
             type: RD_KAFKA_PRODUCER,
             properties: configuration.rdKafkaProperties(),

@@ -9,6 +9,9 @@ import Synchronization
 final class ClientContext: Sendable {
     let logger: Logger
     let clientID: String
+    /// "producer" or "consumer": a worker's two clients share a client id, and an error's
+    /// metric must say which of them had it.
+    let role: String
     /// Called on the polling thread, inside `rd_kafka_consumer_poll` or `rd_kafka_consumer_close`.
     let rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
     /// A consumer's: an offset commit completed (its result and offsets). Called on the polling
@@ -37,12 +40,14 @@ final class ClientContext: Sendable {
     init(
         logger: Logger,
         clientID: String,
+        role: String = "client",
         metrics: any MetricsFactory = MetricsSystem.factory,
         rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)? = nil,
         committed: (@Sendable (rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?) -> Void)? = nil
     ) {
         self.logger = logger
         self.clientID = clientID
+        self.role = role
         self.rebalance = rebalance
         self.committed = committed
         self.metrics = metrics
@@ -92,7 +97,7 @@ final class ClientContext: Sendable {
 
     func error(code: Int32, reason: String) {
         let name = KafkaErrorCodes.name(of: code)
-        Counter(label: "kafka.errors", dimensions: [("client", clientID), ("code", name)], factory: metrics).increment()
+        Counter(label: "kafka.errors", dimensions: [("client", clientID), ("role", role), ("code", name)], factory: metrics).increment()
         // Broker connection errors are routine while a broker restarts; librdkafka retries them.
         let transient = code == RD_KAFKA_RESP_ERR__TRANSPORT.rawValue || code == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN.rawValue
             || code == RD_KAFKA_RESP_ERR__RESOLVE.rawValue

@@ -756,3 +756,33 @@ extension KafkaMockClusterTests {
         await producer.shutdown(flushTimeout: .seconds(5))
     }
 }
+
+extension KafkaMockClusterTests {
+    @Test("librdkafka's errors are counted by client and role: a worker's producer and consumer share a client id")
+    func errorsCountedByRole() async throws {
+        let registry = PrometheusCollectorRegistry()
+        // Nothing listens on port 1: both clients report the broker down at once.
+        var client = KafkaClientConfiguration(bootstrapServers: ["127.0.0.1:1"])
+        client.clientID = "shared-id"
+        client.metricsFactory = PrometheusMetricsFactory(registry: registry)
+        client.statisticsInterval = nil
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(client: client), logger: testLogger)
+        var consumerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "role-group", topics: ["t"])
+        consumerConfiguration.pollTimeout = .milliseconds(50)
+        let consumer = try KafkaConsumer(configuration: consumerConfiguration, logger: testLogger)
+        @Sendable func roles() -> Set<String> {
+            let text = String(decoding: registry.emitToBuffer(), as: UTF8.self)
+            return Set(prometheusSamples(text).filter { $0.name == "kafka_errors" && $0.labels["client"] == "shared-id" }.compactMap { $0.labels["role"] })
+        }
+        try await withTimeout(60, "errors from both clients") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await producer.run() }
+                group.addTask { try await consumer.run() }
+                try await waitUntil("both roles to report an error", timeout: 30) { roles() == ["producer", "consumer"] }
+                consumer.close()
+                await producer.shutdown(flushTimeout: .seconds(1))
+                group.cancelAll()
+            }
+        }
+    }
+}
