@@ -158,15 +158,15 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         if buffer.capacity <= 1 << 20 { output = buffer }
     }
 
-    /// Writes `buffer`, then closes once the socket has taken it: a close drops writes still
-    /// pending in the channel, which over cleartext HTTP/2 (no TLS close to wait on) would lose
-    /// the GOAWAY and answers that ended the session.
     /// Cancelled on every close, or the handler and its session would live on for its 5 s.
     private func cancelCloseDeadline() {
         closeDeadline?.cancel()
         closeDeadline = nil
     }
 
+    /// Writes `buffer`, then closes once the socket has taken it: a close drops writes still
+    /// pending in the channel, which over cleartext HTTP/2 (no TLS close to wait on) would lose
+    /// the GOAWAY and answers that ended the session.
     private func writeThenClose(_ buffer: ByteBuffer, context: ChannelHandlerContext) {
         guard buffer.readableBytes > 0 else { return closeConnection() }
         // Nothing more is written meanwhile: a later flush must not close before this write.

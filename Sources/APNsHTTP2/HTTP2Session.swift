@@ -8,7 +8,10 @@ import Darwin
 #endif
 
 /// What a session reports to the code that uses it. All calls happen on the channel's event
-/// loop, from inside `HTTP2Session.receive(_:)` (or, for `http2SessionDidClose`, from the driver).
+/// loop: from inside `HTTP2Session.receive(_:)`, or from inside the session producing output
+/// (`flush()`, wherever it is called: stream closes, sent resets and GOAWAYs, a request body
+/// being read), or, for `http2SessionDidClose`, from the driver. A delegate must therefore not
+/// assume it is called only while input is read.
 public protocol HTTP2SessionDelegate: AnyObject {
     /// A request (server) or response (client) header block begins on `stream`.
     func http2(_ session: HTTP2Session, didBeginHeadersOn stream: Int32)

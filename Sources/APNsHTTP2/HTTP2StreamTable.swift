@@ -74,6 +74,12 @@ public struct HTTP2StreamTable<Value> {
         if keys[slot] == key {
             values[slot] = value
         } else if keys[slot] == 0 {
+            // A key in the overflow (its home slot was taken when it came, and freed since) is
+            // replaced there, not stored a second time.
+            if !overflow.isEmpty, overflow[key] != nil {
+                overflow[key] = value
+                return
+            }
             keys[slot] = key
             values[slot] = value
             entries += 1

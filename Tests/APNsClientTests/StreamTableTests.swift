@@ -35,4 +35,17 @@ struct StreamTableTests {
         #expect(all.map(\.stream) == [17, 49])
         #expect(table.isEmpty)
     }
+
+    @Test("Replacing a stream kept in the overflow after its slot was freed keeps one entry")
+    func replaceInOverflow() {
+        var table = HTTP2StreamTable<Int>(minimumCapacity: 4)  // 8 slots: streams 1 and 17 share one
+        table.insert(1, for: 1)
+        table.insert(17, for: 17)  // to the overflow
+        #expect(table.removeValue(forKey: 1) == 1)  // the shared slot is free again
+        table.insert(170, for: 17)
+        #expect(table.count == 1)
+        #expect(table.removeValue(forKey: 17) == 170)
+        #expect(table.removeValue(forKey: 17) == nil, "no older copy comes back")
+        #expect(table.isEmpty)
+    }
 }
