@@ -667,7 +667,7 @@ public final class PushWorker: Service, Sendable {
         switch decision {
         case .finish(let outcome, let status, let reason):
             // Counted apart: how often `give-up` trades a possible duplicate for a `failed`.
-            if outcome == .failed, case .unconfirmed = sent.attempt, policy.retry.possiblyDelivered == .giveUp {
+            if outcome == .failed, policy.givesUp(after: sent.attempt) {
                 Counter(label: "apns.worker.possibly_delivered_given_up", dimensions: [("app", job.appName)]).increment()
             }
             logFinished(job, token: token, outcome: outcome, status: status, reason: reason, attempts: attempt)

@@ -29,7 +29,7 @@ public final class MockKafkaCluster: @unchecked Sendable {
             type: RD_KAFKA_PRODUCER,
             // Warnings and up only: the host has no bootstrap servers, which librdkafka notes.
             properties: [("client.id", "kafka-mock-host"), ("log_level", "4")],
-            context: ClientContext(logger: logger, clientID: "kafka-mock-host")
+            context: ClientContext(logger: logger, clientID: "kafka-mock-host", role: "producer")
         )
         guard let cluster = rd_kafka_mock_cluster_new(host.pointer, Int32(brokers)) else {
             throw KafkaError(code: .mockCluster, message: "librdkafka could not start a mock cluster of \(brokers) broker(s)")

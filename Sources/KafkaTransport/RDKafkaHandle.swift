@@ -9,8 +9,8 @@ import Synchronization
 final class ClientContext: Sendable {
     let logger: Logger
     let clientID: String
-    /// "producer" or "consumer": a worker's two clients share a client id, and an error's
-    /// metric must say which of them had it.
+    /// "producer" or "consumer" (librdkafka's handle type): a worker's two clients share a
+    /// client id, and their metrics must say which of them they are about.
     let role: String
     /// Called on the polling thread, inside `rd_kafka_consumer_poll` or `rd_kafka_consumer_close`.
     let rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)?
@@ -40,7 +40,7 @@ final class ClientContext: Sendable {
     init(
         logger: Logger,
         clientID: String,
-        role: String = "client",
+        role: String,
         metrics: any MetricsFactory = MetricsSystem.factory,
         rebalance: (@Sendable (OpaquePointer, rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>) -> Void)? = nil,
         committed: (@Sendable (rd_kafka_resp_err_t, UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?) -> Void)? = nil
@@ -112,7 +112,7 @@ final class ClientContext: Sendable {
         guard let stats = try? JSONParser.parse(json) else { return }
         // A worker's consumer and producer share a client id: the role keeps their gauges apart.
         let client = ("client", clientID)
-        let role = ("role", stats["type"]?.string ?? "client")
+        let role = ("role", self.role)
         for (field, label) in [
             ("msg_cnt", "kafka.client.queue.messages"), ("msg_size", "kafka.client.queue.bytes"),
             ("txmsgs", "kafka.client.tx.messages"), ("rxmsgs", "kafka.client.rx.messages"),

@@ -47,7 +47,7 @@ struct StatisticsMetricsTests {
     @Test("a broker that leaves the client's statistics loses its round-trip gauge instead of reporting its last figure for good")
     func departedBrokerGaugeRemoved() {
         let registry = PrometheusCollectorRegistry()
-        let context = ClientContext(logger: testLogger, clientID: "stats", metrics: PrometheusMetricsFactory(registry: registry))
+        let context = ClientContext(logger: testLogger, clientID: "stats", role: "producer", metrics: PrometheusMetricsFactory(registry: registry))
         func rtts() -> [String: Double] {
             let samples = prometheusSamples(String(decoding: registry.emitToBuffer(), as: UTF8.self)).filter { $0.name == "kafka_broker_rtt_us" }
             return Dictionary(samples.map { ($0.labels["broker"] ?? "?", $0.value) }, uniquingKeysWith: { first, _ in first })

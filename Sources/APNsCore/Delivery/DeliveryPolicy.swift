@@ -103,10 +103,10 @@ public struct DeliveryPolicy: Sendable, Hashable {
             }
             lastStatus = status
         }
-        if case .unconfirmed(let why) = result, retry.possiblyDelivered == .giveUp {
-            return .finish(.failed, status: nil, reason: "\(why); not sent again, as APNs may have taken it (retry.possibly-delivered is give-up)")
-        }
         let lastReason = result.lastReason
+        if givesUp(after: result) {
+            return .finish(.failed, status: nil, reason: "\(lastReason); not sent again, as APNs may have taken it (retry.possibly-delivered is give-up)")
+        }
 
         // Past the job's cutoff the answer is that it expired, even on its last attempt.
         if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), cutoffPassed || now() > cutoff {
@@ -124,6 +124,13 @@ public struct DeliveryPolicy: Sendable, Hashable {
             return .retryInProcess(afterMilliseconds: delay, lastReason: lastReason)
         }
         return .retryLater(notBefore: notBefore, lastReason: lastReason)
+    }
+
+    /// Whether `after` ends an attempt with `result` as `failed` because APNs may have taken it
+    /// (`retry.possibly-delivered: give-up`), rather than by the usual rules.
+    public func givesUp(after result: AttemptResult) -> Bool {
+        guard case .unconfirmed = result else { return false }
+        return retry.possiblyDelivered == .giveUp
     }
 
     /// Why a notification is expired: its cutoff passed, or (`nextAttemptIn`) would pass before

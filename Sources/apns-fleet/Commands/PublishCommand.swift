@@ -89,17 +89,26 @@ struct PublishCommand: AsyncParsableCommand {
     @Option(help: "Jobs per second (default: as fast as Kafka takes them).")
     var rate: Double?
 
-    @Option(name: .customLong("fanout-size"), help: "Tokens per generated fan-out job. Default: 10.")
+    @Option(name: .customLong("fanout-size"), help: "Tokens per generated fan-out job. Default: \(Generated.fanoutSize).")
     var fanoutSize: Int?
 
-    @Option(name: .customLong("dead-tokens"), help: "Size of the pool of unregistered tokens the generator uses. Default: 100.")
+    @Option(name: .customLong("dead-tokens"), help: "Size of the pool of unregistered tokens the generator uses. Default: \(Generated.deadTokens).")
     var deadTokens: Int?
 
-    @Option(help: "Generator seed, for repeatable runs. Default: 24301.")
+    @Option(help: "Generator seed, for repeatable runs. Default: \(Generated.seed).")
     var seed: UInt64?
 
-    @Option(name: .customLong("generated-topic"), help: "apns-topic of generated jobs. Default: com.example.app.")
+    @Option(name: .customLong("generated-topic"), help: "apns-topic of generated jobs. Default: \(Generated.topic).")
     var generatedTopic: String?
+
+    /// The generator's settings when not given. (Optional options, so that one given without
+    /// --generate can be refused; their defaults live here, once.)
+    enum Generated {
+        static let fanoutSize = 10
+        static let deadTokens = 100
+        static let seed: UInt64 = 0x5EED
+        static let topic = "com.example.app"
+    }
 
     @Flag(help: "Print a JSON summary line on standard output.")
     var json = false
@@ -122,10 +131,10 @@ struct PublishCommand: AsyncParsableCommand {
         }
         if noValidate, file == nil { throw ValidationError("--no-validate is for --file") }
         if app != nil, file != nil { throw ValidationError("--app is for --token and --generate; a file's jobs name their own app") }
-        guard (2...JobDecoder.Limits.tokensThatFit).contains(fanoutSize ?? 10) else {
+        guard (2...JobDecoder.Limits.tokensThatFit).contains(fanoutSize ?? Generated.fanoutSize) else {
             throw ValidationError("--fanout-size must be 2 to \(JobDecoder.Limits.tokensThatFit) (the most worker.max-tokens-per-job allows)")
         }
-        guard (1...1_000_000).contains(deadTokens ?? 100) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
+        guard (1...1_000_000).contains(deadTokens ?? Generated.deadTokens) else { throw ValidationError("--dead-tokens must be 1 to 1,000,000") }
         try checkRate(rate)
         if noValidate, encoding == .headers { throw ValidationError("--no-validate works with --encoding json only") }
         if generate != nil, encoding == .headers {
@@ -158,9 +167,9 @@ struct PublishCommand: AsyncParsableCommand {
         let summary: JobPublisher.Summary
         if let generate {
             var generator = JobGenerator(
-                mix: try mix.map { try JobMix(parsing: $0) } ?? .realistic, topic: generatedTopic ?? "com.example.app", app: app,
-                fanoutSize: fanoutSize ?? 10, deadTokenCount: deadTokens ?? 100, idPrefix: "pub-\(UInt32.random(in: 0...UInt32.max))",
-                seed: seed ?? 0x5EED
+                mix: try mix.map { try JobMix(parsing: $0) } ?? .realistic, topic: generatedTopic ?? Generated.topic, app: app,
+                fanoutSize: fanoutSize ?? Generated.fanoutSize, deadTokenCount: deadTokens ?? Generated.deadTokens,
+                idPrefix: "pub-\(UInt32.random(in: 0...UInt32.max))", seed: seed ?? Generated.seed
             )
             var progress = ProgressLine(label: "publishing", total: generate)
             summary = try await publisher.publish(count: generate, generator: &generator, rate: rate, tally: nil, clock: Self.nowMillis) {
