@@ -697,9 +697,35 @@ final class APNsConnection: @unchecked Sendable {
         return (reason, timestamp)
     }
 
+    /// How a stream ends whose answer did not: `otherwise`, unless the answer's HEADERS came
+    /// before the cut (a reset, a lost connection, the deadline). Their status proves APNs
+    /// took the request: a 200 was delivered, so it is answered (sending it again could show it
+    /// twice); any other status was not, so it is certainly not processed and a retry, which
+    /// gets the reason the cut body held, is safe.
+    private func cutShort(_ stream: Int32, _ inFlight: inout InFlight, otherwise: APNsNotAnswered) -> APNsOutcome {
+        if headerBlock.stream == stream {
+            headerBlock.apply(to: &inFlight)
+            headerBlock.stream = 0
+        }
+        switch inFlight.status {
+        case 0:
+            return .notAnswered(otherwise)
+        case 200:
+            return .answered(APNsResponse(
+                status: 200, apnsID: inFlight.apnsID.take(), apnsUniqueID: inFlight.apnsUniqueID.take(),
+                latency: Self.duration(from: inFlight.sentAt, to: now)
+            ))
+        case let status:
+            var why = otherwise
+            why.detail += "; its \(status) answer was cut short"
+            why.certainlyNotProcessed = true
+            return .notAnswered(why)
+        }
+    }
+
     fileprivate func streamClosed(_ stream: Int32, errorCode: HTTP2ErrorCode) {
         // Answered streams already left the table: a miss is the common case.
-        guard !streams.isEmpty, let inFlight = streams.removeValue(forKey: stream) else { return }
+        guard !streams.isEmpty, var inFlight = streams.removeValue(forKey: stream) else { return }
         let outcome: APNsNotAnswered
         if errorCode == .refusedStream {
             if let last = goAwayLastStreamID, stream > last {
@@ -710,7 +736,7 @@ final class APNsConnection: @unchecked Sendable {
         } else {
             outcome = APNsNotAnswered(.connectionFailed, "stream \(stream) closed without an answer (\(errorCode))", certainlyNotProcessed: false)
         }
-        finish(inFlight.request, .notAnswered(outcome))
+        finish(inFlight.request, cutShort(stream, &inFlight, otherwise: outcome))
         closeIfDrained()
     }
 
@@ -824,12 +850,13 @@ final class APNsConnection: @unchecked Sendable {
         readyPromise.fail(APNsClientError(.connect, "the connection closed before HTTP/2 was ready"))
         becomeUnusable()
         let lost = streams.removeAll()
-        for (stream, inFlight) in lost {
+        for (stream, var inFlight) in lost {
             // Certain when above a GOAWAY's last stream, or when its HEADERS never left nghttp2's
             // queue (the peer stopped reading, or its stream limit fell): another connection
             // may then send it again.
             let certain = (goAwayLastStreamID.map { stream > $0 } ?? false) || !(session?.hasSentHeaders(on: stream) ?? true)
-            finish(inFlight.request, .notAnswered(APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)))
+            let why = APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)
+            finish(inFlight.request, cutShort(stream, &inFlight, otherwise: why))
         }
         // Breaks the connection <-> session cycle.
         session?.delegate = nil
@@ -896,7 +923,7 @@ final class APNsConnection: @unchecked Sendable {
                 }
             }
             for stream in expired.sorted() {
-                guard let inFlight = streams.removeValue(forKey: stream) else { continue }
+                guard var inFlight = streams.removeValue(forKey: stream) else { continue }
                 let unsent = !session.hasSentHeaders(on: stream)
                 if !unsent {
                     sentRequestsTimedOut += 1
@@ -904,7 +931,8 @@ final class APNsConnection: @unchecked Sendable {
                 }
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
-                finish(inFlight.request, .notAnswered(APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: unsent)))
+                let why = APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: unsent)
+                finish(inFlight.request, cutShort(stream, &inFlight, otherwise: why))
             }
             // Handed to the session in time, but its HEADERS still queued there (the peer not
             // reading, or its stream limit lowered): cancelled before they go out late.
@@ -916,10 +944,11 @@ final class APNsConnection: @unchecked Sendable {
             }
         }
         if let drainDeadline, now >= drainDeadline, !streams.isEmpty {
-            for (stream, inFlight) in streams.removeAll() {
+            for (stream, var inFlight) in streams.removeAll() {
                 let unsent = !session.hasSentHeaders(on: stream)
                 try? session.submitResetStream(stream, errorCode: .cancel)
-                finish(inFlight.request, .notAnswered(APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: unsent)))
+                let why = APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: unsent)
+                finish(inFlight.request, cutShort(stream, &inFlight, otherwise: why))
             }
             wrote = true
         }
