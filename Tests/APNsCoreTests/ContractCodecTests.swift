@@ -75,6 +75,7 @@ struct ContractCodecTests {
         #expect(event.invalidatedAt == 1_767_225_600_123)
         #expect(event.source == .http2)
         #expect(event.reason == "Unregistered")
+        #expect(event.timeIsStated)
         #expect(try TokenEvent(decoding: event.encoded()) == event)
         #expect(String(decoding: event.encoded(), as: UTF8.self) == #"{"token":"\#(tokenA)","topic":"com.example.app","app":"example","reason":"Unregistered","invalidated_at":1767225600123,"source":"http2","job_id":"order-4711-shipped"}"#)
     }
@@ -111,7 +112,9 @@ struct ContractCodecTests {
         let answered = result.sentAt
         for bogus in [Int64.min, -1, answered.value + 86_400_001, .max] {
             result.unregisteredAt = bogus
-            #expect(TokenEvent(result: result, observedAt: answered)?.invalidatedAt == answered.value, "unregistered_at \(bogus)")
+            let event = TokenEvent(result: result, observedAt: answered)
+            #expect(event?.invalidatedAt == answered.value, "unregistered_at \(bogus)")
+            #expect(event?.timeIsStated == false, "dated by the answer, so the ledger bounds its repeats")
         }
         // A day of clock skew between APNs and the worker is APNs's time still.
         result.unregisteredAt = answered.value + 86_400_000

@@ -20,6 +20,22 @@ struct InvalidationLedgerTests {
         #expect(!admitted3, "an older timestamp is not news")
     }
 
+    @Test("a 410 dated by its answer (no usable timestamp from APNs) is news again only a minute later")
+    func unstatedUnregisteredRepeatsOnceAMinute() {
+        var ledger = InvalidationLedger(capacity: 100)
+        func answered(at time: Int64) -> TokenEvent {
+            var event = Self.event(at: time)
+            event.timeIsStated = false
+            return event
+        }
+        let first = ledger.admit(answered(at: 1000))
+        let loop = (1...59).map { ledger.admit(answered(at: 1000 + $0 * 1000)) }
+        let minuteLater = ledger.admit(answered(at: 61_000))
+        #expect(first)
+        #expect(!loop.contains(true), "a producer sending to the dead token in a loop gets one event a minute")
+        #expect(minuteLater)
+    }
+
     @Test("a later 410, another reason or another topic is a new invalidation")
     func newInvalidations() {
         var ledger = InvalidationLedger(capacity: 100)

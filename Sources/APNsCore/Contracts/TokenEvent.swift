@@ -16,8 +16,12 @@ public struct TokenEvent: Sendable, Hashable {
     public var invalidatedAt: Int64
     public var source: Source
     public var jobID: String?
+    /// Whether `invalidatedAt` is a time APNs (or the feedback service) stated, rather than
+    /// when the answer came or the poll ran. Not part of the record: a decoded event takes its
+    /// time as stated.
+    public var timeIsStated: Bool
 
-    public init(token: String, topic: String, app: String?, reason: String, invalidatedAt: Int64, source: Source, jobID: String? = nil) {
+    public init(token: String, topic: String, app: String?, reason: String, invalidatedAt: Int64, source: Source, jobID: String? = nil, timeIsStated: Bool = true) {
         self.token = token
         self.topic = topic
         self.app = app
@@ -25,6 +29,7 @@ public struct TokenEvent: Sendable, Hashable {
         self.invalidatedAt = invalidatedAt
         self.source = source
         self.jobID = jobID
+        self.timeIsStated = timeIsStated
     }
 
     /// The record key, `<apns-topic>/<token>`, so compaction keeps the latest event per token and topic.
@@ -66,14 +71,16 @@ public struct TokenEvent: Sendable, Hashable {
         // answer (a day of clock skew allowed). One outside that is not APNs's: the answer's time
         // stands instead, rather than an event dated before 1970 or far in the future, which
         // readers would keep over every later registration.
+        let time = Self.invalidationTime(stated: result.unregisteredAt, observedAt: observedAt)
         self.init(
             token: token.hex,
             topic: topic,
             app: result.app,
             reason: reason,
-            invalidatedAt: Self.invalidationTime(stated: result.unregisteredAt, observedAt: observedAt),
+            invalidatedAt: time.value,
             source: .http2,
-            jobID: result.jobID
+            jobID: result.jobID,
+            timeIsStated: time.isStated
         )
     }
 
@@ -84,22 +91,24 @@ public struct TokenEvent: Sendable, Hashable {
     /// event readers would keep over every registration until then.
     public init?(feedback tuple: FeedbackTuple, topic: String, app: String?, polledAt: UnixMillis) {
         guard let token = try? DeviceToken(bytes: tuple.token) else { return nil }
+        let time = Self.invalidationTime(stated: Int64(tuple.timestamp) * 1000, observedAt: polledAt)
         self.init(
             token: token.hex,
             topic: topic,
             app: app,
             reason: APNsReason.unregistered.rawValue,
-            invalidatedAt: Self.invalidationTime(stated: Int64(tuple.timestamp) * 1000, observedAt: polledAt),
-            source: .feedbackService
+            invalidatedAt: time.value,
+            source: .feedbackService,
+            timeIsStated: time.isStated
         )
     }
 
     /// The stated time of an invalidation when APNs could have stated it: not before 1970, and
     /// not after it was observed (a day of clock skew allowed); otherwise the observation's time.
-    static func invalidationTime(stated: Int64?, observedAt: UnixMillis) -> Int64 {
+    static func invalidationTime(stated: Int64?, observedAt: UnixMillis) -> (value: Int64, isStated: Bool) {
         let latest = observedAt.value.addingReportingOverflow(clockSkewMilliseconds)
-        guard let stated, stated >= 0, latest.overflow || stated <= latest.partialValue else { return observedAt.value }
-        return stated
+        guard let stated, stated >= 0, latest.overflow || stated <= latest.partialValue else { return (observedAt.value, false) }
+        return (stated, true)
     }
 
     public func encoded() -> [UInt8] {
@@ -129,5 +138,6 @@ public struct TokenEvent: Sendable, Hashable {
         }
         self.source = source
         jobID = try object.optionalString("job_id")
+        timeIsStated = true
     }
 }

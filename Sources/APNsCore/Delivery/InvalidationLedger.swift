@@ -5,12 +5,12 @@
 /// (APNs's timestamp of when the token stopped being valid): a job redone after a crash meets the
 /// same dead token and gets the same timestamp, so it is a repeat, while a later timestamp is a
 /// new invalidation (the token was registered again and died again). BadDeviceToken and
-/// DeviceTokenNotForTopic carry only the send time: a repeat at least `repeatInterval` after
-/// the published event is news, since readers take a token back when the app registers it
-/// again after an event's time (apps do so on every launch), and a token still bad must then
-/// be invalidated again; closer repeats (a redone job, a producer sending to it in a loop) are
-/// duplicates, so one bad token costs at most one event a minute, whichever of the two reasons
-/// each answer gives. Another reason is news
+/// DeviceTokenNotForTopic carry only the send time, as does a 410 without a usable timestamp: a
+/// repeat at least `repeatInterval` after the published event is news, since readers take a
+/// token back when the app registers it again after an event's time (apps do so on every
+/// launch), and a token still bad must then be invalidated again; closer repeats (a redone job,
+/// a producer sending to it in a loop) are duplicates, so one bad token costs at most one event
+/// a minute, whichever of the two reasons each answer gives. Another reason is news
 /// unless it is older than what was published: a redelivered old result must not follow a
 /// newer event onto the compacted topic, where the last value for a key is the one readers keep.
 ///
@@ -26,7 +26,8 @@ public struct InvalidationLedger: Sendable {
     }
 
     public let capacity: Int
-    /// How much later a BadDeviceToken or DeviceTokenNotForTopic must come to be news again.
+    /// How much later an event dated by its send time (BadDeviceToken, DeviceTokenNotForTopic,
+    /// a 410 without APNs's timestamp) must come to be news again.
     public static let repeatIntervalMilliseconds: Int64 = 60_000
     private var entries: [Int: Entry] = [:]
     /// Key hashes in the order they were first remembered; `head` is the oldest still in use.
@@ -52,7 +53,7 @@ public struct InvalidationLedger: Sendable {
             let sameKind = known.reason == event.reason
                 || (Self.carriesSendTime(known.reason) && Self.carriesSendTime(event.reason))
             let again = sameKind
-                && (event.reason == APNsReason.unregistered.rawValue ? laterBy > 0 : laterBy >= Self.repeatIntervalMilliseconds)
+                && (event.reason == APNsReason.unregistered.rawValue && event.timeIsStated ? laterBy > 0 : laterBy >= Self.repeatIntervalMilliseconds)
             let otherReason = !sameKind && laterBy >= 0
             guard otherReason || again else { return false }
             entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
