@@ -51,6 +51,14 @@ struct FuzzRegressionTests {
         #expect(actual?.unicodeScalars.contains { $0.value < 0x20 } == false)
     }
 
+    @Test("keys that differ only in Unicode normalization are different keys, not a repeat")
+    func canonicallyEquivalentKeysAreDistinct() {
+        // An unknown key precomposed, then decomposed (as escapes and as raw UTF-8).
+        #expect(Self.reason(Array(#"{"token":"\#(Self.token)","payload":{},"caf\u00e9":1,"cafe\u0301":2}"#.utf8)) == nil)
+        #expect(Self.reason(Array("{\"token\":\"\(Self.token)\",\"payload\":{},\"caf\u{E9}\":1,\"cafe\u{301}\":2}".utf8)) == nil)
+        #expect(Self.reason(Array(#"{"token":"\#(Self.token)","payload":{},"caf\u00e9":1,"café":2}"#.utf8)) != nil, "the same key, escaped or not")
+    }
+
     @Test("a repeated key with a control character names the key escaped, never raw")
     func repeatedKeyWithControlCharacter() {
         let reason = Self.reason(Array(#"{"a\tb":1,"a\tb":2}"#.utf8))

@@ -86,7 +86,9 @@ public struct JobDecoder: Sendable {
             // Keys seen so far, to refuse repeats: a bit per key the decoder knows, and a set
             // (made only when needed) for the others.
             var seenKnown: UInt16 = 0
-            var seenOther: Set<String> = []
+            // By bytes, as RFC 8259 compares names: Strings compare canonically equivalent
+            // spellings ("caf\u00e9", "cafe\u0301") equal, and those are different keys.
+            var seenOther: Set<[UInt8]> = []
             var first = true
             while let rawKey = try parser.nextRawKey(first: first) {
                 first = false
@@ -100,7 +102,7 @@ public struct JobDecoder: Sendable {
                     repeated = seenKnown & known.bit != 0
                     seenKnown |= known.bit
                 } else {
-                    repeated = !seenOther.insert(try parser.string(of: rawKey)).inserted
+                    repeated = !seenOther.insert(Array(try parser.string(of: rawKey).utf8)).inserted
                 }
                 guard !repeated else {
                     let key = try parser.string(of: rawKey)
