@@ -163,7 +163,8 @@ public struct RequestValidator: Sendable {
 
         var priority = NotificationPriority.immediate
         if let text = head.priority {
-            guard let value = Int(text), let parsed = NotificationPriority(rawValue: value) else {
+            // Only the reference's literal values: Int("+10") and Int("010") would pass as 10.
+            guard let value = Int(text), String(value) == text, let parsed = NotificationPriority(rawValue: value) else {
                 return .failure(APNsRejection(.badPriority))
             }
             priority = parsed

@@ -551,15 +551,24 @@ final class SimulatorConnection: HTTP2SessionDelegate {
     func goAway(reason: String) {
         guard let session, !goingAway, !closed else { return }
         goingAway = true
-        let body = "{\"reason\":\"\(reason)\"}"
+        let body = Self.goAwayBody(reason: reason)
         do {
-            try session.submitGoAway(errorCode: .noError, opaqueData: Array(body.utf8))
+            try session.submitGoAway(errorCode: .noError, opaqueData: body)
             context.counters.update(id) { $0.goAwaysSent += 1 }
         } catch {
             session.close()
         }
-        if context.configuration.dump { context.configuration.dumpSink("<<< connection #\(id): GOAWAY \(body)") }
+        if context.configuration.dump { context.configuration.dumpSink("<<< connection #\(id): GOAWAY \(String(decoding: body, as: UTF8.self))") }
         scheduleFlush()
+    }
+
+    /// GOAWAY's debug data, `{"reason": …}`, escaped: the library's `goAway(reason:)` takes any text.
+    static func goAwayBody(reason: String) -> [UInt8] {
+        var writer = JSONWriter(capacity: 32 + reason.utf8.count)
+        writer.beginObject()
+        writer.field("reason", reason)
+        writer.endObject()
+        return writer.bytes
     }
 
     /// Writes pending frames once, after the current event loop task (answers made by timers batch up).

@@ -61,6 +61,9 @@ struct RequestValidatorTests {
         #expect(reason(head { $0.apnsID = "123e4567-e89b-12d3-a456-426655440000" }) == nil)
         #expect(reason(head { $0.priority = "7" }) == APNsRejection(.badPriority))
         #expect(reason(head { $0.priority = "ten" }) == APNsRejection(.badPriority))
+        for spelled in ["+10", "010", "05", " 5", "1 "] {
+            #expect(reason(head { $0.priority = spelled }) == APNsRejection(.badPriority), "apns-priority \(spelled)")
+        }
         #expect(reason(head { $0.priority = "5" }) == nil)
         #expect(reason(head { $0.expiration = "-1" }) == APNsRejection(.badExpirationDate))
         #expect(reason(head { $0.expiration = "soon" }) == APNsRejection(.badExpirationDate))
@@ -135,5 +138,13 @@ struct RequestValidatorTests {
         #expect(APNsRejection(.invalidProviderToken).status == 403)
         #expect(APNsRejection(.shutdown).status == 503)
         #expect(APNsRejection(.internalServerError).status == 500)
+    }
+
+    @Test("a GOAWAY's reason is escaped into valid JSON, whatever text the library is given")
+    func goAwayBodyEscapes() throws {
+        let reason = "Main\"tenance\\\n"
+        let body = SimulatorConnection.goAwayBody(reason: reason)
+        #expect(try JSONParser.parse(body)["reason"]?.string == reason)
+        #expect(String(decoding: SimulatorConnection.goAwayBody(reason: "Shutdown"), as: UTF8.self) == #"{"reason":"Shutdown"}"#)
     }
 }
