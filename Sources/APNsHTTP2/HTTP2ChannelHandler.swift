@@ -105,6 +105,9 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
     public func channelWritabilityChanged(context: ChannelHandlerContext) {
         // What was held back while the peer was not reading goes out now.
         if context.channel.isWritable {
+            // The peer reads again: an ending session's deadline for not writing is lifted (a
+            // last write's stands).
+            if !closing { cancelCloseDeadline() }
             flushOutput()
             if readHeld, context.channel.isWritable {
                 readHeld = false
@@ -136,7 +139,13 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         }
         // The delegate's per-burst bookkeeping runs even when nothing can be written yet.
         session.delegate?.http2SessionWillFlush(session)
-        guard context.channel.isWritable else { return }
+        guard context.channel.isWritable else {
+            // A session on its way out (GOAWAY sent or queued) whose peer does not read might
+            // never write its last frames: the connection closes unless it can write within
+            // the same deadline as a last write's.
+            if session.isEnding { armCloseDeadline(context: context) }
+            return
+        }
         var buffer = output.take() ?? context.channel.allocator.buffer(capacity: 16384)
         buffer.clear()
         do {
@@ -174,7 +183,14 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         let written = context.eventLoop.makePromise(of: Void.self)
         context.writeAndFlush(wrapOutboundOut(buffer), promise: written)
         written.futureResult.assumeIsolated().whenComplete { _ in self.closeConnection() }
-        // A peer that stopped reading must not keep the connection open.
+        armCloseDeadline(context: context)
+    }
+
+    /// A peer that stopped reading must not keep the connection open: it closes 5 s after the
+    /// last write began, or after an ending session found the channel not writable (an earlier
+    /// deadline stands).
+    private func armCloseDeadline(context: ChannelHandlerContext) {
+        guard closeDeadline == nil else { return }
         closeDeadline = context.eventLoop.assumeIsolated().scheduleTask(in: .seconds(5)) { self.closeConnection() }
     }
 

@@ -287,13 +287,19 @@ public final class HTTP2Session {
             nghttp2_submit_goaway(raw, UInt8(NGHTTP2_FLAG_NONE.rawValue), last, errorCode.rawValue, data.baseAddress, data.count)
         }
         if rc != 0 { throw HTTP2Error("submit GOAWAY", code: Int(rc)) }
+        isEnding = true
     }
+
+    /// Whether this side sent (or queued) a GOAWAY or ended the session: the connection is on
+    /// its way out, so a peer that stops reading must not hold it open.
+    public private(set) var isEnding = false
 
     /// Queues a GOAWAY and ends the session once it is written: the driver then closes the
     /// connection (closing the channel at once could drop the GOAWAY still being written).
     public func terminate(errorCode: HTTP2ErrorCode = .noError) throws(HTTP2Error) {
         let rc = nghttp2_session_terminate_session(raw, errorCode.rawValue)
         if rc != 0 { throw HTTP2Error("terminate the session", code: Int(rc)) }
+        isEnding = true
     }
 
     public func submitResetStream(_ stream: Int32, errorCode: HTTP2ErrorCode) throws(HTTP2Error) {

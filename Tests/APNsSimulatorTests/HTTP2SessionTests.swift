@@ -72,6 +72,24 @@ struct HTTP2SessionTests {
         _ = try channel.finish(acceptAlreadyClosed: true)
     }
 
+    @Test("a session that ends while its peer reads nothing still closes the connection, 5 s later", arguments: [HTTP2Role.server, .client])
+    func endedSessionClosesWhileNotWritable(role: HTTP2Role) throws {
+        let channel = EmbeddedChannel()
+        let session = try HTTP2Session(role: role, delegate: RecordingDelegate())
+        try channel.pipeline.syncOperations.addHandler(HTTP2ChannelHandler(session: session, initialSettings: []))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        channel.isWritable = false
+        channel.pipeline.fireChannelWritabilityChanged()
+        // The simulator's idle GOAWAY, or its stop, to a client that stopped reading.
+        try session.terminate(errorCode: .noError)
+        session.flush()
+        channel.embeddedEventLoop.advanceTime(by: .seconds(4))
+        #expect(channel.isActive, "the GOAWAY may still go out")
+        channel.embeddedEventLoop.advanceTime(by: .seconds(2))
+        #expect(!channel.isActive, "closed although the GOAWAY never could be written")
+        _ = try channel.finish(acceptAlreadyClosed: true)
+    }
+
     /// Moves bytes both ways until neither side has anything to send.
     /// A server advertising `maxConcurrentStreams` and a client, each with a recording delegate,
     /// their SETTINGS queued.
