@@ -218,7 +218,8 @@ final class SimulatorConnection: HTTP2SessionDelegate {
         case 5: kind = field.nameEquals(":path") ? .path : nil
         case 7: kind = field.nameEquals(":method") ? .method : (field.nameEquals("apns-id") ? .apnsID : nil)
         case 10: kind = field.nameEquals("apns-topic") ? .topic : nil
-        case 13: kind = field.nameEquals("authorization") ? .authorization : (field.nameEquals("apns-priority") ? .priority : nil)
+        // With a certificate, authorization "is ignored" (Table 8-2): not even checked for repeats.
+        case 13: kind = field.nameEquals("authorization") ? (tokenAuthenticator == nil ? nil : .authorization) : (field.nameEquals("apns-priority") ? .priority : nil)
         case 14: kind = field.nameEquals("apns-push-type") ? .pushType : nil
         case 15: kind = field.nameEquals("apns-expiration") ? .expiration : nil
         case 16: kind = field.nameEquals("apns-collapse-id") ? .collapseID : nil

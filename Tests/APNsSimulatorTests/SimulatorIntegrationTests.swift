@@ -221,6 +221,24 @@ struct SimulatorIntegrationTests {
         }
     }
 
+    @Test("with a client certificate, authorization headers are ignored, repeated or not (Table 8-2)")
+    func certificateIgnoresAuthorization() async throws {
+        let credentials = try TestCredentials.make()
+        defer { credentials.remove() }
+        try await withSimulator(credentials, Self.configure) { simulator in
+            let tls = try #require(simulator.port(.http2TLS))
+            let answer = try await Self.nghttpRequest(
+                "https://localhost:\(tls)/3/device/" + Self.good,
+                headers: ["apns-topic": "com.example.app"],
+                extraHeaders: ["authorization: bearer one", "authorization: bearer two"],
+                options: ["--cert=" + credentials.path(credentials.summary.clientCertificateFile), "--key=" + credentials.path(credentials.summary.clientKeyFile)],
+                directory: credentials.directory
+            )
+            #expect(answer.status == 200, "\(answer)")
+            #expect(simulator.counters.snapshot().connections.first?.authentication == "certificate")
+        }
+    }
+
     @Test("h2load over h2c and TLS: every request answered 200, the token verified once per connection")
     func h2loadLoad() async throws {
         let credentials = try TestCredentials.make()
