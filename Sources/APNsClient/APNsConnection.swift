@@ -697,29 +697,32 @@ final class APNsConnection: @unchecked Sendable {
         return (reason, timestamp)
     }
 
-    /// How a stream ends whose answer did not: `otherwise`, unless the answer's HEADERS came
-    /// before the cut (a reset, a lost connection, the deadline). Their status proves APNs
-    /// took the request: a 200 was delivered, so it is answered (sending it again could show it
-    /// twice); any other status was not, so it is certainly not processed and a retry, which
-    /// gets the reason the cut body held, is safe.
-    private func cutShort(_ stream: Int32, _ inFlight: inout InFlight, otherwise: APNsNotAnswered) -> APNsOutcome {
+    /// Finishes a stream whose answer did not end: with `otherwise`, unless the answer's final
+    /// HEADERS came before the cut (a reset, a lost connection, the deadline). Their status
+    /// proves APNs took the request: a 200 was delivered, so it is answered (sending it again
+    /// could show it twice); any other status was not delivered, so it is certainly not
+    /// processed, and the retry, with backoff, gets the reason the cut body held. A 1xx is no
+    /// final answer.
+    private func finishCut(_ stream: Int32, _ inFlight: inout InFlight, otherwise: APNsNotAnswered) {
         if headerBlock.stream == stream {
             headerBlock.apply(to: &inFlight)
             headerBlock.stream = 0
         }
         switch inFlight.status {
-        case 0:
-            return .notAnswered(otherwise)
         case 200:
-            return .answered(APNsResponse(
+            if !hadSuccess {
+                hadSuccess = true
+                successSeen.store(true, ordering: .relaxed)
+            }
+            let response = APNsResponse(
                 status: 200, apnsID: inFlight.apnsID.take(), apnsUniqueID: inFlight.apnsUniqueID.take(),
                 latency: Self.duration(from: inFlight.sentAt, to: now)
-            ))
-        case let status:
-            var why = otherwise
-            why.detail += "; its \(status) answer was cut short"
-            why.certainlyNotProcessed = true
-            return .notAnswered(why)
+            )
+            finish(inFlight.request, .answered(response), tokenAccepted: StreamBudget.provesTokenValid(status: 200, reason: nil))
+        case let status where status > 200:
+            finish(inFlight.request, .notAnswered(APNsNotAnswered(.cutShort, "APNs answered \(status), then \(otherwise.description)", certainlyNotProcessed: true)))
+        default:
+            finish(inFlight.request, .notAnswered(otherwise))
         }
     }
 
@@ -736,7 +739,7 @@ final class APNsConnection: @unchecked Sendable {
         } else {
             outcome = APNsNotAnswered(.connectionFailed, "stream \(stream) closed without an answer (\(errorCode))", certainlyNotProcessed: false)
         }
-        finish(inFlight.request, cutShort(stream, &inFlight, otherwise: outcome))
+        finishCut(stream, &inFlight, otherwise: outcome)
         closeIfDrained()
     }
 
@@ -856,7 +859,7 @@ final class APNsConnection: @unchecked Sendable {
             // may then send it again.
             let certain = (goAwayLastStreamID.map { stream > $0 } ?? false) || !(session?.hasSentHeaders(on: stream) ?? true)
             let why = APNsNotAnswered(.connectionFailed, "the connection closed before the answer", certainlyNotProcessed: certain)
-            finish(inFlight.request, cutShort(stream, &inFlight, otherwise: why))
+            finishCut(stream, &inFlight, otherwise: why)
         }
         // Breaks the connection <-> session cycle.
         session?.delegate = nil
@@ -932,7 +935,7 @@ final class APNsConnection: @unchecked Sendable {
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 wrote = true
                 let why = APNsNotAnswered(.timeout, "no answer before the deadline; stream \(stream) cancelled", certainlyNotProcessed: unsent)
-                finish(inFlight.request, cutShort(stream, &inFlight, otherwise: why))
+                finishCut(stream, &inFlight, otherwise: why)
             }
             // Handed to the session in time, but its HEADERS still queued there (the peer not
             // reading, or its stream limit lowered): cancelled before they go out late.
@@ -948,7 +951,7 @@ final class APNsConnection: @unchecked Sendable {
                 let unsent = !session.hasSentHeaders(on: stream)
                 try? session.submitResetStream(stream, errorCode: .cancel)
                 let why = APNsNotAnswered(.shutdown, "the client shut down before the answer", certainlyNotProcessed: unsent)
-                finish(inFlight.request, cutShort(stream, &inFlight, otherwise: why))
+                finishCut(stream, &inFlight, otherwise: why)
             }
             wrote = true
         }

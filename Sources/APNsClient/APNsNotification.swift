@@ -70,7 +70,8 @@ public struct APNsResponse: Sendable, Hashable {
     public var apnsUniqueID: String?
     /// For 410: when APNs last confirmed the token invalid, milliseconds since the epoch.
     public var timestamp: Int64?
-    /// From handing the request to the connection to the end of the response.
+    /// From handing the request to the connection to the end of the response (for a 200 cut
+    /// short after its HEADERS, to the cut).
     public var latency: Duration
 
     public init(status: Int, reason: APNsReason? = nil, apnsID: String? = nil, apnsUniqueID: String? = nil, timestamp: Int64? = nil, latency: Duration = .zero) {
@@ -98,6 +99,7 @@ public struct APNsNotAnswered: Sendable, Hashable, CustomStringConvertible {
             case timeout = "timeout"
             case tooLate = "too late"
             case shutdown = "client shut down"
+            case cutShort = "answer cut short"
         }
 
         private let base: Base
@@ -117,6 +119,10 @@ public struct APNsNotAnswered: Sendable, Hashable, CustomStringConvertible {
         public static let tooLate = Kind(.tooLate)
         /// The client was shutting down.
         public static let shutdown = Kind(.shutdown)
+        /// APNs's answer began with a status other than 200, then was cut (a reset, a lost
+        /// connection, the deadline) before its reason: not delivered, so safe to send again,
+        /// with backoff (a cut 429 or 503 must not be resent at once).
+        public static let cutShort = Kind(.cutShort)
 
         public var description: String { base.rawValue }
     }

@@ -22,30 +22,36 @@ struct CutAnswerTests {
     }
 
     @Test(
-        "A 410 cut short was not delivered: sent again, and the full answer's reason reported",
+        "A rejection cut short was not delivered: certainly not processed, left to the caller's backoff, not resent at once",
         arguments: [CuttingServer.Cut.resetStream, .closeConnection]
     )
     func cutRejection(cut: CuttingServer.Cut) async throws {
-        let full = #"{"reason":"Unregistered","timestamp":1767225600123}"#
-        try await withCuttingServer([.init(status: 410, body: full, cut: cut), .init(status: 410, body: full, cut: .none)]) { pool, server in
-            let outcome = await pool.send(Fixture.notification(), timeout: .seconds(10))
-            #expect(outcome.status == 410, "\(outcome)")
-            #expect(outcome.reason == .unregistered)
-            #expect(outcome.response?.timestamp == 1_767_225_600_123)
-            #expect(server.requestCount == 2)
-        }
-    }
-
-    @Test("A rejection cut short every time ends certainly not processed, naming the status")
-    func cutEveryTime() async throws {
-        try await withCuttingServer([.init(status: 503, body: #"{"reason":"ServiceUnavailable"}"#, cut: .resetStream)]) { pool, _ in
+        let full = #"{"reason":"TooManyRequests"}"#
+        try await withCuttingServer([.init(status: 429, body: full, cut: cut), .init(status: 200, body: "", cut: .none)]) { pool, server in
             let outcome = await pool.send(Fixture.notification(), timeout: .seconds(10))
             guard case .notAnswered(let why) = outcome else {
                 Issue.record("answered: \(outcome)")
                 return
             }
+            #expect(why.kind == .cutShort)
             #expect(why.certainlyNotProcessed)
-            #expect(why.detail.contains("503 answer was cut short"), "\(why)")
+            #expect(why.description.contains("APNs answered 429"), "\(why)")
+            #expect(outcome.attemptResult == .notAnswered(why.description), "the worker retries it, even under give-up")
+            #expect(server.requestCount == 1, "a cut 429 must not be sent again at once")
+        }
+    }
+
+    @Test("An interim 1xx before the cut is no answer: possibly delivered, as any unanswered stream")
+    func informationalIsNoAnswer() async throws {
+        try await withCuttingServer([.init(status: 200, body: "{}", cut: .informationalThenReset)]) { pool, server in
+            let outcome = await pool.send(Fixture.notification(), timeout: .seconds(10))
+            guard case .notAnswered(let why) = outcome else {
+                Issue.record("answered: \(outcome)")
+                return
+            }
+            #expect(why.kind == .connectionFailed)
+            #expect(!why.certainlyNotProcessed, "\(why)")
+            #expect(server.requestCount == 1)
         }
     }
 

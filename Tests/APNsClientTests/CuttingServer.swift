@@ -8,7 +8,7 @@ import Synchronization
 
 /// An HTTP/2 server over TLS that answers requests from a script and can cut an answer short
 /// after its HEADERS: the status is out, the body never comes, as when an APNs front end dies
-/// mid-answer. Requests beyond the script get the script's last answer, in full.
+/// mid-answer. Requests beyond the script get the script's last answer, cut as it says.
 final class CuttingServer: Sendable {
     enum Cut: Sendable {
         /// The whole answer.
@@ -17,6 +17,9 @@ final class CuttingServer: Sendable {
         case resetStream
         /// The connection closes right after the HEADERS.
         case closeConnection
+        /// An interim 103 (Early Hints) HEADERS in place of the answer's, then RST_STREAM
+        /// INTERNAL_ERROR: no final status at all.
+        case informationalThenReset
     }
 
     struct Answer: Sendable {
@@ -88,15 +91,14 @@ final class CuttingServer: Sendable {
             switch answer.cut {
             case .none: break
             // libnghttp2 sends queued frames in order and drops the DATA of a reset stream.
-            case .resetStream: cutter.armed = .resetStream
-            case .closeConnection: cutter.armed = .closeConnection
+            case .resetStream, .closeConnection, .informationalThenReset: cutter.armed = answer.cut
             }
         }
     }
 
     /// Passes the server's frames through whole. Once armed, cuts the answer whose HEADERS come
-    /// next: the connection closes right after them, or an RST_STREAM follows them and that
-    /// stream's DATA is dropped (the server's session still thinks it sent them).
+    /// next, as its `Cut` says; a reset stream's later frames (its DATA) are dropped, the
+    /// server's session still thinking it sent them.
     private final class FrameCutter: ChannelOutboundHandler {
         typealias OutboundIn = ByteBuffer
         typealias OutboundOut = ByteBuffer
@@ -122,20 +124,29 @@ final class CuttingServer: Sendable {
                 var frame = pending.readSlice(length: 9 + length)
             {
                 if stream != 0, stream == resetStream { continue }
-                ready.writeBuffer(&frame)
-                guard type == 0x1, stream != 0 else { continue }
-                switch armed {
+                let cut = type == 0x1 && stream != 0 ? armed : .none
+                switch cut {
                 case .none:
-                    break
+                    ready.writeBuffer(&frame)
                 case .resetStream:
                     armed = .none
+                    ready.writeBuffer(&frame)
                     resetStream = stream
-                    // RST_STREAM: 4 bytes of payload, type 3, no flags, the stream, INTERNAL_ERROR (2).
-                    ready.writeInteger(UInt32(4 << 8 | 3))
-                    ready.writeInteger(UInt8(0))
+                    Self.writeResetStream(stream, into: &ready)
+                case .informationalThenReset:
+                    // The answer's own HEADERS are dropped, which leaves the client's HPACK table
+                    // behind the server's: the connection cannot answer correctly after this.
+                    armed = .none
+                    resetStream = stream
+                    // HEADERS, END_HEADERS: ":status" as a literal without indexing (static name 8), "103".
+                    let block: [UInt8] = [0x08, 0x03] + Array("103".utf8)
+                    ready.writeInteger(UInt32(block.count) << 8 | 1)
+                    ready.writeInteger(UInt8(0x4))
                     ready.writeInteger(stream)
-                    ready.writeInteger(UInt32(2))
+                    ready.writeBytes(block)
+                    Self.writeResetStream(stream, into: &ready)
                 case .closeConnection:
+                    ready.writeBuffer(&frame)
                     closed = true
                     let channel = context.channel
                     context.writeAndFlush(wrapOutboundOut(ready)).whenComplete { _ in channel.close(promise: nil) }
@@ -145,6 +156,14 @@ final class CuttingServer: Sendable {
             }
             pending.discardReadBytes()
             context.write(wrapOutboundOut(ready), promise: promise)
+        }
+
+        /// RST_STREAM: 4 bytes of payload, type 3, no flags, the stream, INTERNAL_ERROR (2).
+        private static func writeResetStream(_ stream: UInt32, into buffer: inout ByteBuffer) {
+            buffer.writeInteger(UInt32(4 << 8 | 3))
+            buffer.writeInteger(UInt8(0))
+            buffer.writeInteger(stream)
+            buffer.writeInteger(UInt32(2))
         }
     }
 }

@@ -18,7 +18,8 @@ public struct TokenEvent: Sendable, Hashable {
     public var jobID: String?
     /// Whether `invalidatedAt` is a time APNs (or the feedback service) stated, rather than
     /// when the answer came or the poll ran. Not part of the record: a decoded event takes its
-    /// time as stated.
+    /// time as stated (so it differs from an original dated by the answer). Compared with the
+    /// rest: nothing compares whole events, the ledger and the topic go by `key`.
     public var timeIsStated: Bool
 
     public init(token: String, topic: String, app: String?, reason: String, invalidatedAt: Int64, source: Source, jobID: String? = nil, timeIsStated: Bool = true) {

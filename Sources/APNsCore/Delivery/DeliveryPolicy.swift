@@ -2,11 +2,12 @@
 public enum AttemptResult: Sendable, Hashable {
     /// APNs answered with a status (and, unless 200, a reason).
     case answered(status: Int, reason: APNsReason?)
-    /// No answer, and APNs certainly did not take the request: it was never written, or the
-    /// stream was refused. The text says why, and becomes `last-reason` / the result's reason.
+    /// No answer, and APNs certainly did not deliver the request: it was never written, the
+    /// stream was refused, or the answer began with a status other than 200 and was cut before
+    /// its reason. The text says why, and becomes `last-reason` / the result's reason.
     case notAnswered(String)
     /// No answer, but APNs may have taken the request: it was written, then its deadline
-    /// passed or its connection was lost, reset or went away. Sent again, a device could get
+    /// passed or its connection was lost, reset or went away before any status came. Sent again, a device could get
     /// it twice (`RetryPolicy.possiblyDelivered` decides).
     case unconfirmed(String)
 
