@@ -83,6 +83,14 @@ struct FleetConfigurationDecoder {
             }
             maxPollMilliseconds = value
         }
+        // librdkafka takes 0 as "never commit on a timer": stored offsets would then be
+        // committed only at a rebalance or a clean stop, and a crash would redo hours of jobs.
+        if let text = configuration.kafka.properties["auto.commit.interval.ms"], (Int(text) ?? 0) <= 0 {
+            throw ConfigurationError(
+                key: "kafka.properties",
+                "auto.commit.interval.ms is \"\(text.prefix(40))\"; it must be a positive whole number of milliseconds (0 would stop librdkafka committing stored offsets except at a rebalance or a clean stop)"
+            )
+        }
         if Int(configuration.worker.drainTimeoutSeconds * 1000) + 30_000 > maxPollMilliseconds {
             throw ConfigurationError(
                 key: "worker.drain-timeout-seconds",

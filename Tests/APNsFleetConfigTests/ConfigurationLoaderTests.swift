@@ -264,6 +264,8 @@ struct ConfigurationLoaderTests {
             (["APNS_FLEET_RETRY_IN_PROCESS_ATTEMPTS": "13"], "configuration key 'retry.in-process-attempts': is larger than retry.max-attempts (12)"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "max.poll.interval.ms=5min"],
              "configuration key 'kafka.properties': max.poll.interval.ms is \"5min\"; it must be a positive whole number of milliseconds"),
+            (["APNS_FLEET_KAFKA_PROPERTIES": "auto.commit.interval.ms=0"],
+             "configuration key 'kafka.properties': auto.commit.interval.ms is \"0\"; it must be a positive whole number of milliseconds (0 would stop librdkafka committing stored offsets except at a rebalance or a clean stop)"),
             (["APNS_FLEET_WORKER_DRAIN_TIMEOUT_SECONDS": "400"],
              "configuration key 'worker.drain-timeout-seconds': is 400.0 s; it must stay at least 30 s below Kafka's max.poll.interval.ms (300000 ms), or a revocation's drain outlasts the poll interval and the worker is dropped from the group mid-drain"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "delivery.report.only.error=true"],
