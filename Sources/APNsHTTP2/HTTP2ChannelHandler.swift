@@ -113,6 +113,10 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
                 readHeld = false
                 context.read()
             }
+        } else if isEnding {
+            // A write of the last frames (or of answers after a GOAWAY) filled the channel: the
+            // peer gets the same deadline to read them.
+            armCloseDeadline(context: context)
         }
         context.fireChannelWritabilityChanged()
     }
@@ -143,7 +147,7 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
             // A session on its way out (GOAWAY sent or queued) whose peer does not read might
             // never write its last frames: the connection closes unless it can write within
             // the same deadline as a last write's.
-            if session.isEnding { armCloseDeadline(context: context) }
+            if isEnding { armCloseDeadline(context: context) }
             return
         }
         var buffer = output.take() ?? context.channel.allocator.buffer(capacity: 16384)
@@ -185,6 +189,10 @@ public final class HTTP2ChannelHandler: ChannelDuplexHandler, RemovableChannelHa
         written.futureResult.assumeIsolated().whenComplete { _ in self.closeConnection() }
         armCloseDeadline(context: context)
     }
+
+    /// The session is on its way out: this side sent or queued a GOAWAY, or libnghttp2 ended it
+    /// after a connection error (it then reads nothing more, yet reports no error).
+    private var isEnding: Bool { session.isEnding || !session.wantsRead }
 
     /// A peer that stopped reading must not keep the connection open: it closes 5 s after the
     /// last write began, or after an ending session found the channel not writable (an earlier

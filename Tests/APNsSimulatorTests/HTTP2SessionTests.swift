@@ -90,6 +90,31 @@ struct HTTP2SessionTests {
         _ = try channel.finish(acceptAlreadyClosed: true)
     }
 
+    @Test("a GOAWAY written while streams are open, then a full channel: closed 5 s later unless the peer reads")
+    func gracefulGoAwayThenFullChannelCloses() throws {
+        let (server, _, client, _) = try sessionPair()
+        let channel = EmbeddedChannel()
+        try channel.pipeline.syncOperations.addHandler(HTTP2ChannelHandler(session: server, initialSettings: []))
+        try channel.connect(to: SocketAddress(ipAddress: "127.0.0.1", port: 1)).wait()
+        // A request the server has not answered keeps its stream, and the session, open.
+        _ = try client.submitRequest(
+            headers: [HTTP2Header(":method", "POST"), HTTP2Header(":scheme", "https"), HTTP2Header(":path", "/3/device/00"), HTTP2Header(":authority", "localhost")],
+            body: ByteBuffer(string: "{}")
+        )
+        var wire = ByteBuffer()
+        try client.produceOutput(into: &wire)
+        try channel.writeInbound(wire)
+        try server.submitGoAway()
+        server.flush()
+        #expect(channel.isActive, "a graceful GOAWAY leaves the open stream to finish")
+        // The write filled the channel, and the peer reads no more.
+        channel.isWritable = false
+        channel.pipeline.fireChannelWritabilityChanged()
+        channel.embeddedEventLoop.advanceTime(by: .seconds(6))
+        #expect(!channel.isActive)
+        _ = try channel.finish(acceptAlreadyClosed: true)
+    }
+
     /// Moves bytes both ways until neither side has anything to send.
     /// A server advertising `maxConcurrentStreams` and a client, each with a recording delegate,
     /// their SETTINGS queued.
