@@ -708,6 +708,11 @@ final class APNsConnection: @unchecked Sendable {
             headerBlock.apply(to: &inFlight)
             headerBlock.stream = 0
         }
+        if inFlight.status >= 200 {
+            // An answer, if a cut one: the connection is not unanswering.
+            unanswered = nil
+            lastAnswerAt = now
+        }
         switch inFlight.status {
         case 200:
             if !hadSuccess {
@@ -928,7 +933,9 @@ final class APNsConnection: @unchecked Sendable {
             for stream in expired.sorted() {
                 guard var inFlight = streams.removeValue(forKey: stream) else { continue }
                 let unsent = !session.hasSentHeaders(on: stream)
-                if !unsent {
+                // A stream whose answer began proves the path alive: not a timeout for PING and retiring.
+                let answerBegan = inFlight.status != 0 || (headerBlock.stream == stream && headerBlock.status != 0)
+                if !unsent, !answerBegan {
                     sentRequestsTimedOut += 1
                     earliestTimedOutSend = min(earliestTimedOutSend ?? inFlight.sentAt, inFlight.sentAt)
                 }

@@ -8,7 +8,9 @@ import Synchronization
 /// second dimension their gauges overwrote each other.
 ///
 /// - `apns.client.requests` (counter; `status`, `reason`): APNs answers.
-/// - `apns.client.not_answered` (counter; `kind`): refused, GOAWAY, timeout, connection failed.
+/// - `apns.client.not_answered` (counter; `kind`): the `APNsNotAnswered.Kind` descriptions
+///   (`connection failed`, `refused stream`, `GOAWAY`, `timeout`, `too late`, `client shut down`,
+///   `answer cut short`).
 /// - `apns.client.unprocessed_retries` (counter; `kind`): requests re-sent on another connection.
 /// - `apns.client.latency` (timer): request to answer.
 /// - `apns.client.in_flight`, `apns.client.waiting` (gauges): streams open, callers waiting.
