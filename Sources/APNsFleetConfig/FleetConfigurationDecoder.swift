@@ -85,10 +85,11 @@ struct FleetConfigurationDecoder {
         }
         // librdkafka takes 0 as "never commit on a timer": stored offsets would then be
         // committed only at a rebalance or a clean stop, and a crash would redo hours of jobs.
-        if let text = configuration.kafka.properties["auto.commit.interval.ms"], (Int(text) ?? 0) <= 0 {
+        // A crash redoes up to one interval of jobs, so five minutes at most.
+        if let text = configuration.kafka.properties["auto.commit.interval.ms"], !(1...300_000).contains(Int(text) ?? 0) {
             throw ConfigurationError(
                 key: "kafka.properties",
-                "auto.commit.interval.ms is \"\(text.prefix(40))\"; it must be a positive whole number of milliseconds (0 would stop librdkafka committing stored offsets except at a rebalance or a clean stop)"
+                "auto.commit.interval.ms is \"\(text.prefix(40))\"; it must be 1 to 300000 milliseconds (0 would stop librdkafka committing stored offsets except at a rebalance or a clean stop, and a crash redoes up to one interval of jobs)"
             )
         }
         if Int(configuration.worker.drainTimeoutSeconds * 1000) + 30_000 > maxPollMilliseconds {

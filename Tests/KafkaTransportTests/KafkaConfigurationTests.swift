@@ -10,7 +10,7 @@ struct KafkaConfigurationTests {
         var client = KafkaClientConfiguration(bootstrapServers: ["127.0.0.1:9092"])
         client.properties = [
             "enable.auto.offset.store": "true", "enable.auto.commit": "false", "enable.idempotence": "false", "group.id": "other", "linger.ms": "20",
-            "delivery.report.only.error": "true",
+            "delivery.report.only.error": "true", "offset.store.method": "file",
         ]
         // Applied in order: the last value of a name is the one librdkafka keeps.
         let producer = Dictionary(KafkaProducerConfiguration(client: client).rdKafkaProperties().map { ($0.key, $0.value) }, uniquingKeysWith: { $1 })
@@ -18,6 +18,7 @@ struct KafkaConfigurationTests {
         #expect(producer["enable.idempotence"] == "true" && producer["linger.ms"] == "20")
         #expect(producer["delivery.report.only.error"] == "false", "every message's report finishes its record")
         #expect(consumer["enable.auto.offset.store"] == "false" && consumer["enable.auto.commit"] == "true" && consumer["group.id"] == "g")
+        #expect(consumer["offset.store.method"] == nil, "librdkafka's own default, broker, is the only one that commits at a rebalance")
     }
 
     @Test("one kafka.properties list serves both clients: each takes only what it understands")

@@ -162,6 +162,8 @@ public struct KafkaSettings: Sendable {
         "group.id": "set kafka.group-id (push workers) or kafka.feedback-group-id instead",
         "enable.partition.eof": "the consumer does not handle end-of-partition events",
         "delivery.report.only.error": "a job's offset is stored only once the delivery reports of its results arrive, successes included",
+        // librdkafka 2.0.2 commits a revoked partition's offsets only with the "broker" method.
+        "offset.store.method": "offsets are committed to the group's broker (the default); any other method loses the offsets stored at a rebalance or a stop",
     ]
 
     public init(
