@@ -130,6 +130,41 @@ public struct KafkaSettings: Sendable {
 
     /// Default: `127.0.0.1:9092`.
     public var bootstrapServers: String
+
+    /// What is wrong with a bootstrap list, or nil: comma-separated `host`, `host:port` or
+    /// `[IPv6]:port` entries, optionally `scheme://`, ports 1 to 65535 (librdkafka's default is
+    /// 9092). librdkafka itself takes a bad entry silently and retries it for ever.
+    public static func bootstrapServersProblem(_ list: String) -> String? {
+        for entry in list.split(separator: ",", omittingEmptySubsequences: false) {
+            var rest = Substring(entry)
+            if let scheme = rest.firstRange(of: "://") { rest = rest[scheme.upperBound...] }
+            let host: Substring
+            var port: Substring?
+            if rest.hasPrefix("[") {
+                guard let end = rest.firstIndex(of: "]") else { return "\(JobRules.quoted(String(entry))) has no ']' after its IPv6 address" }
+                host = rest[rest.index(after: rest.startIndex)..<end]
+                let after = rest[rest.index(after: end)...]
+                if !after.isEmpty {
+                    guard after.hasPrefix(":") else { return "\(JobRules.quoted(String(entry))): only :port may follow ']'" }
+                    port = after.dropFirst()
+                }
+            } else {
+                let colons = rest.filter { $0 == ":" }.count
+                guard colons <= 1 else { return "\(JobRules.quoted(String(entry))): an IPv6 address needs brackets, as in [::1]:9092" }
+                if let colon = rest.firstIndex(of: ":") {
+                    host = rest[..<colon]
+                    port = rest[rest.index(after: colon)...]
+                } else {
+                    host = rest
+                }
+            }
+            guard !host.isEmpty else { return entry.isEmpty ? "has an empty entry" : "\(JobRules.quoted(String(entry))) has no host" }
+            if let port, !(port.allSatisfy { ("0"..."9").contains($0) } && (Int(port).map { (1...65_535).contains($0) } ?? false)) {
+                return "\(JobRules.quoted(String(entry))) has port \(JobRules.quoted(String(port))); it must be 1 to 65535"
+            }
+        }
+        return nil
+    }
     /// Consumer group of the push workers. Default: `apns-fleet-push`.
     public var groupID: String
     /// Consumer group of the feedback worker. Default: `apns-fleet-feedback`.
