@@ -258,7 +258,7 @@ public struct RequestValidator: Sendable {
     }
 
     /// A bundle-id-like topic: non-empty, at most 256 bytes, no spaces or control characters.
-    static func isWellFormedTopic(_ topic: String) -> Bool {
+    public static func isWellFormedTopic(_ topic: String) -> Bool {
         var topic = topic
         return topic.withUTF8 { bytes in
             guard bytes.count > 0, bytes.count <= JobRules.maximumIdentifierBytes else { return false }

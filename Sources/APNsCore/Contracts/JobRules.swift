@@ -111,7 +111,7 @@ public enum JobRules {
     }
 
     /// A value quoted for an error message, with anything unprintable escaped.
-    static func quoted(_ text: String) -> String {
+    public static func quoted(_ text: String) -> String {
         "\"" + escaped(text) + "\""
     }
 
@@ -143,7 +143,7 @@ public enum JobRules {
 
     /// Long hostile values are cut in messages so that reasons stay readable. Counted in
     /// scalars, not Characters: one letter with 200,000 combining marks is one Character.
-    static func clip(_ text: String, to limit: Int = 40) -> String {
+    public static func clip(_ text: String, to limit: Int = 40) -> String {
         let scalars = text.unicodeScalars
         guard scalars.count > limit else { return text }
         var clipped = String.UnicodeScalarView()

@@ -24,6 +24,7 @@ struct DevCredentialsCommand: ParsableCommand {
             Example:
               apns-fleet dev-credentials --out ./dev --topic com.example.app   # once (--force replaces)
               apns-fleet simulator --config ./dev/simulator.json --no-single-stream-until-authenticated &
+              echo '{"aps":{"alert":"hello"}}' > payload.json
               h2load -n 1000 -m 100 -d payload.json -H "apns-topic: com.example.app" \\
                 -H "authorization: bearer $(apns-fleet dev-credentials --out ./dev --print-token)" \\
                 http://127.0.0.1:2198/3/device/<64 hex digits>
@@ -53,6 +54,10 @@ struct DevCredentialsCommand: ParsableCommand {
         try checkAppleIdentifiers(["--key-id": keyID, "--team-id": teamID])
         // It goes into the client certificate's topics extension and the simulator's topic list.
         try check("--topic") { () throws(JobRejection) in _ = try JobRules.topic(topic) }
+        // The simulator answers BadTopic to any topic with a space or a non-ASCII byte.
+        guard RequestValidator.isWellFormedTopic(topic) else {
+            throw ValidationError("--topic must be a bundle id: no spaces or non-ASCII characters, got \(JobRules.quoted(JobRules.clip(topic)))")
+        }
     }
 
     func run() throws {

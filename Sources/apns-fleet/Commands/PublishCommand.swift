@@ -140,7 +140,7 @@ struct PublishCommand: AsyncParsableCommand {
         if generate != nil, encoding == .headers {
             throw ValidationError("--generate mixes both encodings itself (the headers kind); leave --encoding out")
         }
-        if let mix { _ = try JobMix(parsing: mix) }
+        if let mix { _ = try parseMix(mix) }
     }
 
     func run() async throws {
@@ -167,7 +167,7 @@ struct PublishCommand: AsyncParsableCommand {
         let summary: JobPublisher.Summary
         if let generate {
             var generator = JobGenerator(
-                mix: try mix.map { try JobMix(parsing: $0) } ?? .realistic, topic: generatedTopic ?? Generated.topic, app: app,
+                mix: try mix.map { try parseMix($0) } ?? .realistic, topic: generatedTopic ?? Generated.topic, app: app,
                 fanoutSize: fanoutSize ?? Generated.fanoutSize, deadTokenCount: deadTokens ?? Generated.deadTokens,
                 idPrefix: "pub-\(UInt32.random(in: 0...UInt32.max))", seed: seed ?? Generated.seed
             )

@@ -26,6 +26,7 @@ struct SendCommand: AsyncParsableCommand {
             Example (dev-credentials prints the key id and team id to use):
               apns-fleet dev-credentials --out ./dev   # once (--force replaces)
               apns-fleet simulator --config ./dev/simulator.json &
+              echo '{"aps":{"alert":"hello"}}' > aps.json
               apns-fleet send --host 127.0.0.1 --port 2197 --ca-file ./dev/ca.pem \\
                 --key-file ./dev/AuthKey_<KEY_ID>.p8 --key-id <KEY_ID> --team-id <TEAM_ID> \\
                 --topic com.example.app --token <64 hex digits> --payload @aps.json
@@ -84,8 +85,8 @@ struct SendCommand: AsyncParsableCommand {
     @Option(help: "A custom APNs host (a simulator).")
     var host: String?
 
-    @Option(help: "Port of --host (the simulator's is 2197).")
-    var port: Int = 443
+    @Option(help: "Port of --host (the simulator's is 2197). Default: 443.")
+    var port: Int?
 
     @Option(name: .customLong("ca-file"), help: "CA certificates (PEM) that --host's certificate must chain to.")
     var caFile: String?
@@ -124,8 +125,10 @@ struct SendCommand: AsyncParsableCommand {
         if let apnsID { try check("--apns-id") { () throws(JobRejection) in _ = try JobRules.apnsID(apnsID) } }
         if host != nil {
             guard environment == nil else { throw ValidationError("--environment picks Apple's production or sandbox; it does not go with --host") }
+            if let port, !(1...65_535).contains(port) { throw ValidationError("--port must be 1 to 65535, got \(port)") }
         } else {
             guard caFile == nil else { throw ValidationError("--ca-file goes with --host: production and sandbox verify against the system roots") }
+            guard port == nil else { throw ValidationError("--port goes with --host: production and sandbox are on Apple's port 443") }
             guard environment == nil || environment == "production" || environment == "sandbox" else {
                 throw ValidationError("--environment must be production or sandbox")
             }
@@ -140,6 +143,9 @@ struct SendCommand: AsyncParsableCommand {
             break
         default:
             throw ValidationError("give exactly one of --key-file (token auth), --cert (PEM) or --pkcs12")
+        }
+        if passwordEnv != nil, keyFile != nil {
+            throw ValidationError("--password-env is for --key or --pkcs12; a .p8 --key-file has no password")
         }
         if let passwordEnv, ProcessInfo.processInfo.environment[passwordEnv] == nil {
             throw ValidationError("--password-env \(passwordEnv): that environment variable is not set")
@@ -212,7 +218,7 @@ struct SendCommand: AsyncParsableCommand {
         let endpoint: AppConfiguration.Endpoint
         // The flags' combinations were checked in validate().
         if let host {
-            endpoint = .custom(host: host, port: port, caFile: caFile)
+            endpoint = .custom(host: host, port: port ?? 443, caFile: caFile)
         } else {
             endpoint = environment == "production" ? .production : .sandbox
         }

@@ -67,6 +67,10 @@ struct ValidateJobCommand: AsyncParsableCommand {
                 // Exit 2, not 1: a configuration that does not load says nothing about the jobs.
                 throw UsageError("\(error)")
             }
+            // As the worker refuses it: every job would read "invalid" for the configuration's sake.
+            if fleet?.apps.isEmpty == true {
+                throw ConfigurationError(key: "apps", "no app is configured in \(config); a worker refuses it, so jobs cannot be resolved against it")
+            }
             if let maxTokens { fleet?.worker.maxTokensPerJob = maxTokens }
         }
         let validator = JobValidation(decoder: JobDecoder(limits: .init(maximumTokensPerJob: maxTokens ?? 1000)), fleet: fleet)

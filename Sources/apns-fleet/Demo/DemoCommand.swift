@@ -70,10 +70,23 @@ struct DemoCommand: AsyncParsableCommand {
         guard jobs > 0, workers > 0, workers <= 16, partitions > 0, timeout > 0 else {
             throw ValidationError("--jobs, --partitions and --timeout must be positive; --workers 1 to 16")
         }
-        if let mix { _ = try JobMix(parsing: mix) }
+        if let mix { _ = try parseMix(mix) }
         try checkRate(rate)
         if config != nil, token.isEmpty {
             throw ValidationError("with --config (real APNs) give real device tokens with --token; generated tokens would only be refused")
+        }
+        if let brokers, let problem = KafkaSettings.bootstrapServersProblem(brokers) {
+            throw ValidationError("--brokers \(problem)")
+        }
+        if config == nil, !token.isEmpty {
+            throw ValidationError("--token needs --config: the simulator's demo checks generated tokens, whose answers it knows")
+        }
+        for value in token {
+            try check("--token") { () throws(JobRejection) in _ = try DeviceToken(hex: value) }
+        }
+        // The push workers take metrics-port, metrics-port + 1, …, and the feedback worker the next.
+        guard (1...(65_535 - workers)).contains(metricsPort) else {
+            throw ValidationError("--metrics-port must be 1 to \(65_535 - workers) (with \(workers) push worker(s), the feedback worker takes port \(metricsPort) + \(workers)), got \(metricsPort)")
         }
     }
 
@@ -82,7 +95,7 @@ struct DemoCommand: AsyncParsableCommand {
         let runID = String(UInt32.random(in: 0...UInt32.max), radix: 36)
         var logger = Logger(label: "apns-fleet.demo") { StreamLogHandler.standardError(label: $0) }
         logger.logLevel = .error
-        let mix = try self.mix.map { try JobMix(parsing: $0) } ?? (config == nil ? .realistic : .allGood)
+        let mix = try self.mix.map { try parseMix($0) } ?? (config == nil ? .realistic : .allGood)
         let options = LocalFleet.Options(
             directory: dir, runID: runID, partitions: partitions, workers: workers, metricsPort: metricsPort,
             brokers: brokers, config: config, tokens: token, mix: mix

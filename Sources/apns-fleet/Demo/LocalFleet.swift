@@ -43,6 +43,15 @@ struct LocalFleet {
         try FileManager.default.createDirectory(atPath: logs, withIntermediateDirectories: true)
         func logPath(_ name: String) -> String { (logs as NSString).appendingPathComponent("\(name).log") }
         let topics = TopicNames()
+        // The user's configuration is read first: a broken one must not leave kafka-dev started.
+        var userApps: (fleet: FleetConfiguration, app: String, topic: String)?
+        if let config = options.config {
+            let fleet = try await ConfigurationLoader(filePath: config, environment: ProcessInfo.processInfo.environment, overrides: []).load()
+            guard let app = fleet.apps.first, let topic = app.defaults.topic ?? app.topics.first else {
+                throw UsageError("\(config) configures no app with a topic")
+            }
+            userApps = (fleet, app.name, topic)
+        }
         var processes: [SpawnedProcess] = []
         do {
             // Kafka.
@@ -67,14 +76,10 @@ struct LocalFleet {
             // APNs: the simulator with TLS and development credentials, or the user's apps.
             let generator: JobGenerator
             let fleetArguments: [String]
-            if let config = options.config {
+            if let config = options.config, let userApps {
                 fleetArguments = ["--config", config, "--set", "kafka.bootstrap-servers=\(bootstrap)"]
-                let fleet = try await ConfigurationLoader(filePath: config, environment: ProcessInfo.processInfo.environment, overrides: []).load()
-                guard let app = fleet.apps.first, let topic = app.defaults.topic ?? app.topics.first else {
-                    throw UsageError("\(config) configures no app with a topic")
-                }
-                generator = JobGenerator(mix: options.mix, topic: topic, app: app.name, fixedTokens: options.tokens, idPrefix: "demo-\(options.runID)")
-                say("APNs: the apps of \(config) (\(fleet.apps.map(\.name).joined(separator: ", "))); good jobs go to \(options.tokens.count) device token(s)")
+                generator = JobGenerator(mix: options.mix, topic: userApps.topic, app: userApps.app, fixedTokens: options.tokens, idPrefix: "demo-\(options.runID)")
+                say("APNs: the apps of \(config) (\(userApps.fleet.apps.map(\.name).joined(separator: ", "))); good jobs go to \(options.tokens.count) device token(s)")
             } else {
                 let setup = try DemoSimulatorSetup(directory: directory, runID: options.runID, mix: options.mix)
                 let simulator = try SpawnedProcess(

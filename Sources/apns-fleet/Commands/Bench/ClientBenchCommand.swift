@@ -48,6 +48,9 @@ struct ClientBenchCommand: AsyncParsableCommand {
         guard count > 0, warmup >= 0, connections > 0, concurrency > 0, runs > 0 else {
             throw ValidationError("--count, --connections, --concurrency and --runs must be positive")
         }
+        if let rttMs, !(0...86_400_000).contains(rttMs) {
+            throw ValidationError("--rtt-ms must be 0 to 86400000 (a day), got \(rttMs)")
+        }
     }
 
     func run() async throws {
@@ -60,7 +63,7 @@ struct ClientBenchCommand: AsyncParsableCommand {
 
         var simulatorArguments = ["simulator", "--config", path(summary.simulatorConfigFile), "--h2-port", "0", "--h2c-port=-1",
                                   "--admin-port=-1", "--gateway-port=-1", "--gateway-plain-port=-1", "--feedback-port=-1", "--feedback-plain-port=-1"]
-        if let rttMs { simulatorArguments += ["--latency-ms", "\(rttMs)"] }
+        if let rttMs { simulatorArguments += ["--latency-ms=\(rttMs)"] }
         let simulator = try SpawnedProcess(name: "simulator", arguments: simulatorArguments, logPath: (logs as NSString).appendingPathComponent("simulator.log"))
         defer { simulator.kill() }
         let listening = try await simulator.waitForLine(containing: "apns-fleet simulator listening:", timeout: .seconds(60))

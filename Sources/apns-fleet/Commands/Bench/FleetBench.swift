@@ -37,7 +37,7 @@ struct FleetBench {
         options.feedbackWorker = false
         if let maxInFlight = settings.maxInFlight { options.workerSettings.append("worker.max-in-flight=\(maxInFlight)") }
         options.workerSettings += settings.workerSettings
-        if let latency = settings.apnsLatencyMs { options.simulatorArguments += ["--latency-ms", "\(latency)"] }
+        if let latency = settings.apnsLatencyMs { options.simulatorArguments += ["--latency-ms=\(latency)"] }
         let fleet = try await LocalFleet.start(options, say: say)
         do {
             let record = try await measure(fleet: fleet, runID: runID, index: index)

@@ -1,3 +1,4 @@
+import APNsCore
 import ArgumentParser
 import FleetLoad
 import Foundation
@@ -51,7 +52,19 @@ struct FleetBenchOptions: ParsableArguments {
         if let rate, Double(jobs) / rate >= Double(timeout) {
             throw ValidationError("--jobs \(jobs) at --rate \(rate) take \(Int((Double(jobs) / rate).rounded(.up))) s to publish, past --timeout \(timeout) s; raise --timeout")
         }
-        if let mix { _ = try JobMix(parsing: mix) }
+        if let mix { _ = try parseMix(mix) }
+        // Checked here, before kafka-dev and the simulator start, not by the spawned processes.
+        if let apnsLatencyMs, !(0...86_400_000).contains(apnsLatencyMs) {
+            throw ValidationError("--apns-latency-ms must be 0 to 86400000 (a day), got \(apnsLatencyMs)")
+        }
+        if let maxInFlight, !(0...1_000_000).contains(maxInFlight) {
+            throw ValidationError("--max-in-flight must be 0 (sized from the streams) to 1000000, got \(maxInFlight)")
+        }
+        for setting in workerSet {
+            guard let equals = setting.firstIndex(of: "="), equals != setting.startIndex else {
+                throw ValidationError("--worker-set takes key=value, got \(JobRules.quoted(JobRules.clip(setting)))")
+            }
+        }
     }
 
     func settings(workers: Int) throws -> FleetBench.Settings {
@@ -62,7 +75,7 @@ struct FleetBenchOptions: ParsableArguments {
         settings.timeout = .seconds(timeout)
         settings.partitions = partitions
         settings.rate = rate
-        settings.mix = try mix.map { try JobMix(parsing: $0) } ?? .allGood
+        settings.mix = try mix.map { try parseMix($0) } ?? .allGood
         settings.apnsLatencyMs = apnsLatencyMs
         settings.maxInFlight = maxInFlight
         settings.workerSettings = workerSet

@@ -59,6 +59,9 @@ struct KafkaBenchCommand: AsyncParsableCommand {
             throw ValidationError("--messages and --partitions must be positive, --size not negative")
         }
         guard timeoutSeconds > 0 else { throw ValidationError("--timeout-seconds must be positive") }
+        if let bootstrap, let problem = KafkaSettings.bootstrapServersProblem(bootstrap) {
+            throw ValidationError("--bootstrap \(problem)")
+        }
     }
 
     func run() async throws {
