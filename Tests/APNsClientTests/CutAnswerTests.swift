@@ -64,18 +64,7 @@ struct CutAnswerTests {
         let tls = try #require(try credentials.credentials.simulatorConfiguration().tls)
         let server = try await CuttingServer.start(tls: tls, script: script)
         do {
-            let pool = try APNsClientPool(configuration: try credentials.configuration(port: server.port), logger: Fixture.logger)
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                group.addTask { try await pool.run() }
-                do {
-                    try await body(pool, server)
-                } catch {
-                    pool.shutdown()
-                    throw error
-                }
-                pool.shutdown()
-                try await group.waitForAll()
-            }
+            try await withRunningPool(try credentials.configuration(port: server.port)) { pool in try await body(pool, server) }
         } catch {
             await server.stop()
             throw error

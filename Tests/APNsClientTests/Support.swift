@@ -80,6 +80,22 @@ func startSimulator(_ credentials: ClientTestCredentials, port: Int = 0, _ confi
 }
 
 /// Runs `body` with a simulator and a running pool, and always stops both.
+/// Runs a pool for `body`, then shuts it down and waits for its `run` to return.
+func withRunningPool(_ configuration: APNsClientConfiguration, _ body: @Sendable (APNsClientPool) async throws -> Void) async throws {
+    let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { try await pool.run() }
+        do {
+            try await body(pool)
+        } catch {
+            pool.shutdown()
+            throw error
+        }
+        pool.shutdown()
+        try await group.waitForAll()
+    }
+}
+
 func withPool(
     simulator configureSimulator: (inout APNsSimulatorConfiguration) -> Void = { _ in },
     client configureClient: (inout APNsClientConfiguration) -> Void = { _ in },
@@ -92,18 +108,7 @@ func withPool(
         guard let port = simulator.port(.http2TLS) else { throw APNsClientError(.configuration, "no TLS port") }
         var configuration = try credentials.configuration(port: port)
         configureClient(&configuration)
-        let pool = try APNsClientPool(configuration: configuration, logger: Fixture.logger)
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            group.addTask { try await pool.run() }
-            do {
-                try await body(pool, simulator, credentials)
-            } catch {
-                pool.shutdown()
-                throw error
-            }
-            pool.shutdown()
-            try await group.waitForAll()
-        }
+        try await withRunningPool(configuration) { pool in try await body(pool, simulator, credentials) }
     } catch {
         await simulator.stop(gracePeriod: .milliseconds(100))
         throw error
