@@ -29,12 +29,15 @@ help:
 define install_missing
 	@missing=""; for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
+		if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then echo "error: missing packages:$$missing; run make as root, or install sudo, to install them"; exit 1; fi; \
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 endef
 
+# Swift is checked first: without it, installing the packages would be for nothing.
 deps:
+	@command -v $(SWIFT) >/dev/null || { echo "error: $(SWIFT) is not on PATH; install Swift 6.2 or later (tested with 6.3.1, swift.org/install) or pass SWIFT=/path/to/swift"; exit 1; }
 	$(call install_missing,$(BUILD_PACKAGES))
 
 test-deps: deps

@@ -1318,6 +1318,13 @@ class Checker:
         if not kubectl:
             self.notes.add("kubectl not found: kustomizations were checked by reading them, not rendered")
             return
+        # Debian bookworm's kubectl (1.20) embeds kustomize 2.0, which predates the `labels:` and
+        # `patches:` fields the manifests use (kustomize 4.1+): its failure says nothing about them.
+        kustomize = self.kustomize_version(kubectl)
+        if kustomize is None or kustomize < (4, 1):
+            shown = "unknown" if kustomize is None else ".".join(map(str, kustomize))
+            self.notes.add(f"kubectl's kustomize ({shown}) is older than 4.1: kustomizations were checked by reading them, not rendered")
+            return
         for kpath in kustomizations:
             try:
                 run = subprocess.run([kubectl, "kustomize", str(kpath.parent)], capture_output=True, text=True, timeout=120)
@@ -1336,6 +1343,17 @@ class Checker:
                     if "configMap" in volume and ("ConfigMap", volume["configMap"]["name"]) not in names:
                         self.problem(kpath, f"rendered Deployment {o['metadata']['name']} mounts ConfigMap {volume['configMap']['name']}, which the rendering does not contain")
             self.count("kustomizations rendered with kubectl")
+
+    @staticmethod
+    def kustomize_version(kubectl):
+        """The kustomize version kubectl embeds, as a tuple, or None when it does not say."""
+        try:
+            run = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=30)
+            text = json.loads(run.stdout).get("kustomizeVersion", "")
+        except (OSError, subprocess.TimeoutExpired, ValueError, AttributeError):
+            return None
+        match = re.match(r"v?(\d+)\.(\d+)", text)
+        return (int(match.group(1)), int(match.group(2))) if match else None
 
     # Dashboard --------------------------------------------------------------------------
 
