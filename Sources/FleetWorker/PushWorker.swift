@@ -630,9 +630,14 @@ public final class PushWorker: Service, Sendable {
         guard case .finish(let outcome, var status, var reason)? = policy.beforeSending(
             now: now(), deadline: job.deadline, expiration: job.expiration, attemptsMade: progress.attempts
         ) else { return nil }
-        // A retry record finished before its first attempt here: the answer that sent it to the
-        // retry topic is the last word APNs had on it, its status and reason both.
-        if progress.last == nil {
+        // The last word APNs had on it, its status and reason both: the answer before an
+        // in-process backoff that outlasted the cutoff (as `policy.after` reports an expiry), or,
+        // for a retry record finished before its first attempt here, the answer that sent it to
+        // the retry topic.
+        if let last = progress.last {
+            reason = reason.map { "\(last.attempt.lastReason); \($0)" }
+            status = status ?? last.attempt.status
+        } else {
             if let previous = job.accepted.previousReason { reason = reason.map { "\(previous); \($0)" } }
             status = status ?? job.accepted.previousStatus
         }

@@ -162,6 +162,31 @@ extension RetryPathTests {
         #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 0, "not sent")
     }
 
+    @Test("a deadline that passes during an in-process backoff expires the notification with the answer before it")
+    func deadlinePassesDuringInProcessBackoff() async throws {
+        // The worker's clock jumps two minutes once the first 503 is in, while the notification
+        // waits out its 2–4 s backoff: the next attempt finds its deadline passed.
+        let skew = Shared<Int64>(0)
+        let retry = RetryPolicy(inProcessAttempts: 3, maxAttempts: 5, baseDelayMilliseconds: 4000, maxDelayMilliseconds: 4000)
+        let fleet = try await InProcessFleet.start(behaviour: .init(), retry: retry, maxInFlight: 10) {
+            UnixMillis(Int64(Date().timeIntervalSince1970 * 1000) + skew.value)
+        }
+        let simulator = fleet.backends.simulator
+        try simulator.setFaults(.init(serviceUnavailableRate: 1))
+        let deadline = Int(Date().timeIntervalSince1970) + 60
+        let job = fleet.job(#"{"id":"soon","token":"\#(InProcessFleet.token(1))","deadline":\#(deadline),"payload":{}}"#)
+        let outcome = try await fleet.run([job], timeout: 30) { results, _ in
+            if skew.value == 0, simulator.counters.snapshot().totals.requests == 1 { skew.update { $0 = 120_000 } }
+            return !results.isEmpty
+        }
+        let result = try #require(outcome.results.first)
+        #expect(result.outcome == .expired)
+        #expect(result.status == 503, "APNs's answer before the backoff")
+        #expect(result.reason?.hasPrefix("ServiceUnavailable; deadline ") == true, "\(result.reason ?? "")")
+        #expect(result.attempts == 1)
+        #expect(simulator.counters.snapshot().totals.requests == 1, "not sent after the deadline")
+    }
+
     @Test("with retry.possibly-delivered give-up, a request APNs took but did not answer in time is failed, not sent again")
     func possiblyDeliveredGivesUp() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
@@ -562,7 +587,8 @@ final class InProcessFleet: Sendable {
 
     static func start(
         behaviour: APNsSimulatorConfiguration.Behaviour, retry: RetryPolicy, maxInFlight: Int, workerLogs: Collected<CapturedLog>? = nil,
-        messageMaxBytes: Int? = nil, refusedAbove: Int? = nil, drainTimeout: Duration? = nil, requestTimeout: Duration = .seconds(10)
+        messageMaxBytes: Int? = nil, refusedAbove: Int? = nil, drainTimeout: Duration? = nil, requestTimeout: Duration = .seconds(10),
+        now: @escaping @Sendable () -> UnixMillis = { UnixMillis(Int64(Date().timeIntervalSince1970 * 1000)) }
     ) async throws -> InProcessFleet {
         var logger = Logger(label: "retry-path-test")
         logger.logLevel = .error
@@ -594,7 +620,7 @@ final class InProcessFleet: Sendable {
             consumer: consumer, producer: producer,
             sender: APNsClientSender(clients: clients, requestTimeout: requestTimeout),
             logger: workerLogs.map { sink in Logger(label: "push-worker") { _ in CapturingLogHandler(sink: sink) } } ?? logger,
-            revocations: revocations
+            revocations: revocations, now: now
         )
         var readerConfiguration = KafkaConsumerConfiguration(client: client, groupID: "reader", topics: [topics.results, topics.retry, topics.deadLetter])
         readerConfiguration.sessionTimeout = .seconds(6)
