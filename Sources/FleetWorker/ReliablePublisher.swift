@@ -53,18 +53,15 @@ struct ReliablePublisher: Sendable {
             // Kafka checks a topic's max.message.bytes against a whole batch and refuses every
             // message in it: one refused as too large beside others may fit by itself. Each is
             // sent again alone (waiting for its report before the next) before anything stands
-            // in for it; split or failed at once, retry records that fit would end `failed`.
-            let inCompany = pending.count > 1
+            // in for it; split or failed at once, retry records that fit would end `failed`. A
+            // publish of one message too: librdkafka batches it with other publishes' messages.
+            // (A message too large by itself costs one more send per round.)
             var refusedAlone: [KafkaOutgoingMessage] = []
             pending = []
             for (message, error) in failed {
                 guard error.rdKafkaCode == KafkaError.messageSizeTooLargeCode else {
                     onlyReplacements = false
                     pending.append(message)
-                    continue
-                }
-                guard inCompany else {
-                    refusedAlone.append(message)
                     continue
                 }
                 if Task.isCancelled { return false }

@@ -142,16 +142,20 @@ struct ReliablePublisherTests {
         await producer.shutdown(flushTimeout: .seconds(2))
     }
 
-    @Test("retry records refused together as too large (their batch over the topic's limit) are each sent again alone, and go out whole")
-    func batchRefusedTooLargeIsSentAgainAlone() async throws {
+    @Test(
+        "retry records refused as too large in a batch over the topic's limit are each sent again alone, and go out whole",
+        // One: librdkafka batches one publish's message with other publishes' messages too.
+        arguments: [1, 2]
+    )
+    func batchRefusedTooLargeIsSentAgainAlone(count: Int) async throws {
         let retryTopic = TopicNames().retry
         let (cluster, client, producer, publisher) = try Self.publisher(topic: retryTopic, logLevel: .error)
         defer { withExtendedLifetime(cluster) {} }
-        // The broker refuses the next Produce request, both records' batch, as too large; each
+        // The broker refuses the next Produce request, the records' batch, as too large; each
         // record alone is within the limit.
         let tooLarge = try #require(KafkaErrorCodes.code(named: "MSG_SIZE_TOO_LARGE"))
         cluster.pushRequestErrors(api: .produce, errors: [tooLarge])
-        let records = (0..<2).map { index in
+        let records = (0..<count).map { index in
             let tokens = (0..<4).map { String(format: "%064x", index * 4 + $0) }
             return KafkaOutgoingMessage(
                 topic: retryTopic, key: Array("job-\(index)".utf8), value: Array(#"{"id":"job-\#(index)","tokens":[],"payload":{}}"#.utf8),
@@ -167,7 +171,7 @@ struct ReliablePublisherTests {
         }
         #expect(published)
         #expect(standIns.value == 0, "nothing stood in for a record that fits by itself")
-        let read = try await Self.read(2, from: retryTopic, client: client, logger: publisher.logger)
+        let read = try await Self.read(count, from: retryTopic, client: client, logger: publisher.logger)
         #expect(Set(read.map(\.value)) == Set(records.map(\.value)))
         #expect(Set(read.compactMap { $0.headers.text(JobIntake.retryTokensKey) }) == Set(records.compactMap { $0.headers.text(JobIntake.retryTokensKey) }))
         await producer.shutdown(flushTimeout: .seconds(2))
