@@ -437,7 +437,7 @@ public final class PushWorker: Service, Sendable {
         return await publish(outcomeMessages(settled, of: job, record: record), for: record, progress: Self.progressOfLater(settled))
     }
 
-    /// The result messages of a job's finished tokens, plus one retry record for the tokens that
+    /// The result messages of a job's finished tokens, plus the retry records for the tokens that
     /// retry later.
     @inline(never)
     func outcomeMessages(_ outcomes: [TokenOutcome], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
@@ -469,17 +469,33 @@ public final class PushWorker: Service, Sendable {
     /// the record's own fields (at most 36 bytes in librdkafka 2.0.2), with room to spare.
     static let recordOverheadBytes = 64
 
-    /// The job again, for `apns.jobs.retry`: the tokens still to send and when, split over as
-    /// many records as it takes to keep each within the producer's `message.max.bytes` (a
-    /// fan-out job's `retry-tokens` can run to megabytes). A token that fits no record (the job
-    /// itself is near the limit) gets a `failed` result instead: refused as too large, its record
-    /// would be published again forever and hold its partition's offset back. The records carry
-    /// the latest not-before of its tokens; none when `later` is empty.
+    /// The job again, for `apns.jobs.retry`: the tokens still to send and when. A record's
+    /// headers speak for every token it names, so tokens whose attempts, last reasons or last
+    /// statuses differ (a 429 for one device, a 503 for another) go in separate records; a
+    /// result that reads them later (`expired`, `failed`) then gives each token its own answer.
+    /// None when `later` is empty.
     private func retryMessages(_ later: [LaterAttempt], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
-        guard var retry = later.max(by: { $0.headers.notBefore < $1.headers.notBefore })?.headers else { return [] }
-        // One record stands for all the tokens: a status one of them got is not the others'
-        // (a 429 for one device, a timeout for another), so it goes only when they all share it.
-        if later.contains(where: { $0.headers.lastStatus != retry.lastStatus }) { retry.lastStatus = nil }
+        let key = { (attempt: LaterAttempt) in (attempt.headers.attempt, attempt.headers.lastReason, attempt.headers.lastStatus) }
+        // Usually one group: one token, or tokens that all got the same answer.
+        var groups: [[LaterAttempt]] = []
+        for attempt in later {
+            if let index = groups.firstIndex(where: { key($0[0]) == key(attempt) }) {
+                groups[index].append(attempt)
+            } else {
+                groups.append([attempt])
+            }
+        }
+        return groups.flatMap { retryMessages(alike: $0, of: job, record: record) }
+    }
+
+    /// The retry records of tokens that share their attempt count, last reason and last status,
+    /// split over as many records as it takes to keep each within the producer's
+    /// `message.max.bytes` (a fan-out job's `retry-tokens` can run to megabytes). A token that
+    /// fits no record (the job itself is near the limit) gets a `failed` result instead: refused
+    /// as too large, its record would be published again forever and hold its partition's offset
+    /// back. The records carry the latest not-before of their tokens.
+    private func retryMessages(alike later: [LaterAttempt], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
+        guard let retry = later.max(by: { $0.headers.notBefore < $1.headers.notBefore })?.headers else { return [] }
         var headers = retry.applied(to: record.headers.filter {
             $0.key != RetryHeaders.jobIDKey && $0.key != JobIntake.retryTokensKey
         })

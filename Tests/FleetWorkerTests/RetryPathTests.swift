@@ -162,6 +162,32 @@ extension RetryPathTests {
         #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 0, "not sent")
     }
 
+    @Test("a fan-out job whose tokens got different answers gets a retry record per answer, each header true for its tokens")
+    func fanOutRetryRecordPerAnswer() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        // One request per device a minute: the warm-up uses up the first token's.
+        behaviour.perDeviceLimit = 1
+        behaviour.perDeviceWindow = .seconds(60)
+        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 3, baseDelayMilliseconds: 30_000, maxDelayMilliseconds: 30_000)
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10)
+        let (throttled, unavailable) = (InProcessFleet.token(1), InProcessFleet.token(2))
+        let fanOutPublished = Shared(false)
+        let outcome = try await fleet.run([fleet.job(#"{"id":"warm","token":"\#(throttled)","payload":{}}"#)]) { results, retries in
+            if !results.isEmpty, !fanOutPublished.value {
+                fanOutPublished.update { $0 = true }
+                // The throttled device gets 429 (checked first), the other 503.
+                try fleet.backends.simulator.setFaults(.init(serviceUnavailableRate: 1))
+                try await fleet.publish(fleet.job(#"{"id":"fan","tokens":["\#(throttled)","\#(unavailable)"],"payload":{}}"#))
+            }
+            let named = retries.compactMap { $0.headers.text(JobIntake.retryTokensKey) }.joined(separator: ",")
+            return named.contains(throttled) && named.contains(unavailable)
+        }
+        let records = outcome.retries.map {
+            "\($0.headers.text(JobIntake.retryTokensKey) ?? "-") \($0.headers.text(RetryHeaders.lastReasonKey) ?? "-") \($0.headers.text(RetryHeaders.lastStatusKey) ?? "-")"
+        }
+        #expect(Set(records) == ["\(throttled) TooManyRequests 429", "\(unavailable) ServiceUnavailable 503"], "\(records)")
+    }
+
     @Test("a deadline that passes during an in-process backoff expires the notification with the answer before it")
     func deadlinePassesDuringInProcessBackoff() async throws {
         // The worker's clock jumps two minutes once the first 503 is in, while the notification
