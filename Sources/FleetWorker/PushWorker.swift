@@ -683,6 +683,7 @@ public final class PushWorker: Service, Sendable {
             attempt: attempt, result: sent.attempt, now: decidedAt,
             deadline: job.deadline, expiration: job.expiration,
             cutoffPassed: sent.attempt.isNotAnswered && sendBy <= .now(),
+            sharesSlots: job.tokens.count > 1,
             jitter: random.withLock { $0.nextUnit() }
         )
         switch decision {

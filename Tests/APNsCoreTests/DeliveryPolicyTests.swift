@@ -27,6 +27,17 @@ struct DeliveryPolicyTests {
         #expect(after(4, .answered(status: 500, reason: .internalServerError)) == .finish(.failed, status: 500, reason: "InternalServerError (gave up after 4 attempts)"))
     }
 
+    @Test("a fan-out job's 429 TooManyRequests goes to the retry topic at once: one device's wait must not hold the job's other slots")
+    func fanOutThrottledDeviceRetriesLater() {
+        let throttled = AttemptResult.answered(status: 429, reason: .tooManyRequests)
+        #expect(policy.after(attempt: 1, result: throttled, now: now, deadline: nil, expiration: nil, sharesSlots: true, jitter: 1)
+            == .retryLater(notBefore: UnixMillis(now.value + 100), lastReason: "TooManyRequests"))
+        #expect(after(1, throttled) == .retryInProcess(afterMilliseconds: 100, lastReason: "TooManyRequests"), "a one-token job holds only its own slot")
+        // Other retryable answers (a 503 usually hits every device alike) still wait in process.
+        #expect(policy.after(attempt: 1, result: .answered(status: 503, reason: .serviceUnavailable), now: now, deadline: nil, expiration: nil, sharesSlots: true, jitter: 1)
+            == .retryInProcess(afterMilliseconds: 100, lastReason: "ServiceUnavailable"))
+    }
+
     @Test("unanswered attempts (connection lost, refused stream, timeout) are retried the same way")
     func notAnswered() {
         #expect(after(1, .notAnswered("REFUSED_STREAM")) == .retryInProcess(afterMilliseconds: 100, lastReason: "REFUSED_STREAM"))

@@ -188,6 +188,29 @@ extension RetryPathTests {
         #expect(Set(records) == ["\(throttled) TooManyRequests 429", "\(unavailable) ServiceUnavailable 503"], "\(records)")
     }
 
+    @Test("a fan-out job's throttled device goes to the retry topic at once: the job's results and slots do not wait out its backoff")
+    func fanOutThrottledDeviceDoesNotHoldTheJob() async throws {
+        var behaviour = APNsSimulatorConfiguration.Behaviour()
+        behaviour.perDeviceLimit = 1
+        behaviour.perDeviceWindow = .seconds(60)
+        // An in-process backoff of 15–30 s, far past the test's patience.
+        let retry = RetryPolicy(inProcessAttempts: 3, maxAttempts: 5, baseDelayMilliseconds: 30_000, maxDelayMilliseconds: 30_000)
+        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10)
+        let (throttled, other) = (InProcessFleet.token(1), InProcessFleet.token(2))
+        let fanOutPublished = Shared(false)
+        let outcome = try await fleet.run([fleet.job(#"{"id":"warm","token":"\#(throttled)","payload":{}}"#)], timeout: 12) { results, retries in
+            if !results.isEmpty, !fanOutPublished.value {
+                fanOutPublished.update { $0 = true }
+                try await fleet.publish(fleet.job(#"{"id":"fan","tokens":["\#(throttled)","\#(other)"],"payload":{}}"#))
+            }
+            return results.count >= 2 && !retries.isEmpty
+        }
+        #expect(outcome.results.contains { $0.jobID == "fan" && $0.token == other && $0.outcome == .delivered }, "\(outcome.results.map { "\($0.jobID) \($0.outcome)" })")
+        let record = try #require(outcome.retries.first)
+        #expect(record.headers.text(JobIntake.retryTokensKey) == throttled)
+        #expect(record.headers.text(RetryHeaders.lastReasonKey) == "TooManyRequests")
+    }
+
     @Test("a deadline that passes during an in-process backoff expires the notification with the answer before it")
     func deadlinePassesDuringInProcessBackoff() async throws {
         // The worker's clock jumps two minutes once the first 503 is in, while the notification

@@ -86,6 +86,9 @@ public struct DeliveryPolicy: Sendable, Hashable {
     /// `cutoffPassed` says that the caller's monotonic clock is past the cutoff already (the
     /// transport refused to write it that late): a wall clock stepped back must not turn that
     /// into another attempt, or into `failed`.
+    /// `sharesSlots` says that the notification is one of a fan-out job's, whose in-flight slots
+    /// are all held until every token is settled: a 429 TooManyRequests, one device's, then goes
+    /// to the retry topic at once instead of waiting in process and holding the others' slots.
     public func after(
         attempt: Int,
         result: AttemptResult,
@@ -93,6 +96,7 @@ public struct DeliveryPolicy: Sendable, Hashable {
         deadline: Int64?,
         expiration: Int64?,
         cutoffPassed: Bool = false,
+        sharesSlots: Bool = false,
         jitter: @autoclosure () -> Double
     ) -> DeliveryDecision {
         var lastStatus: Int?
@@ -121,7 +125,8 @@ public struct DeliveryPolicy: Sendable, Hashable {
         if let cutoff = Self.cutoff(deadline: deadline, expiration: expiration), notBefore > cutoff {
             return .finish(.expired, status: lastStatus, reason: "\(lastReason); \(Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff, nextAttemptIn: delay))")
         }
-        if attempt < retry.inProcessAttempts {
+        let oneDeviceThrottled = if case .answered(429, .tooManyRequests?) = result { true } else { false }
+        if attempt < retry.inProcessAttempts, !(sharesSlots && oneDeviceThrottled) {
             return .retryInProcess(afterMilliseconds: delay, lastReason: lastReason)
         }
         return .retryLater(notBefore: notBefore, lastReason: lastReason)
