@@ -470,12 +470,16 @@ public final class PushWorker: Service, Sendable {
     static let recordOverheadBytes = 64
 
     /// The job again, for `apns.jobs.retry`: the tokens still to send and when. A record's
-    /// headers speak for every token it names, so tokens whose attempts, last reasons or last
-    /// statuses differ (a 429 for one device, a 503 for another) go in separate records; a
-    /// result that reads them later (`expired`, `failed`) then gives each token its own answer.
-    /// None when `later` is empty.
+    /// headers speak for every token it names, so tokens whose attempts or APNs answers differ
+    /// (a 429 for one device, a 503 for another) go in separate records; a result that reads
+    /// them later (`expired`, `failed`) then gives each token its own answer. Unanswered
+    /// attempts share one record: their reasons name streams, and a record per token would copy
+    /// a large fan-out job once per token. None when `later` is empty.
     private func retryMessages(_ later: [LaterAttempt], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
-        let key = { (attempt: LaterAttempt) in (attempt.headers.attempt, attempt.headers.lastReason, attempt.headers.lastStatus) }
+        let key = { (attempt: LaterAttempt) -> (Int, Int?, String?) in
+            guard case .answered(let status, let reason) = attempt.last.attempt else { return (attempt.headers.attempt, nil, nil) }
+            return (attempt.headers.attempt, status, reason?.rawValue)
+        }
         // Usually one group: one token, or tokens that all got the same answer.
         var groups: [[LaterAttempt]] = []
         for attempt in later {

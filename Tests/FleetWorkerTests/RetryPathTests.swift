@@ -188,6 +188,19 @@ extension RetryPathTests {
         #expect(Set(records) == ["\(throttled) TooManyRequests 429", "\(unavailable) ServiceUnavailable 503"], "\(records)")
     }
 
+    @Test("a fan-out job's unanswered tokens share one retry record, though each timeout names its own stream")
+    func fanOutTimeoutsShareOneRetryRecord() async throws {
+        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 3, baseDelayMilliseconds: 30_000, maxDelayMilliseconds: 30_000)
+        let fleet = try await InProcessFleet.start(behaviour: .init(), retry: retry, maxInFlight: 10, requestTimeout: .milliseconds(500))
+        try fleet.backends.simulator.setFaults(.init(latency: .seconds(3)))
+        let tokens = (1...3).map(InProcessFleet.token)
+        let job = fleet.job(#"{"id":"slow","tokens":["\#(tokens.joined(separator: "\",\""))"],"payload":{}}"#)
+        let outcome = try await fleet.run([job], timeout: 20) { _, retries in !retries.isEmpty }
+        #expect(outcome.retries.count == 1, "\(outcome.retries.map { $0.headers.text(RetryHeaders.lastReasonKey) ?? "" })")
+        #expect(outcome.retries.first?.headers.text(JobIntake.retryTokensKey)?.split(separator: ",").count == 3)
+        #expect(outcome.retries.first?.headers.text(RetryHeaders.lastReasonKey)?.hasPrefix("timeout") == true)
+    }
+
     @Test("a fan-out job's throttled device goes to the retry topic at once: the job's results and slots do not wait out its backoff")
     func fanOutThrottledDeviceDoesNotHoldTheJob() async throws {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
