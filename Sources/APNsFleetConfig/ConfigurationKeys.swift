@@ -82,7 +82,7 @@ public enum ConfigurationKeys {
         .init("worker.drain-timeout-seconds", "number", "25", "How long SIGTERM, or a revocation, waits for in-flight work: 0 to 3600, and at least 30 s below max.poll.interval.ms."),
         .init("worker.request-timeout-seconds", "number", "10", "Deadline of one APNs request: 0.1 to 600."),
         // Retry
-        .init("retry.in-process-attempts", "integer", "3 (retry.max-attempts if that is lower)", "Attempts in process before the retry topic: 1 to 100, at most retry.max-attempts."),
+        .init("retry.in-process-attempts", "integer", "3 (retry.max-attempts if that is lower)", "Attempts in process before the retry topic: 1 to 100, at most retry.max-attempts. A fan-out job's 429 TooManyRequests (one device's) goes to the retry topic at once, so as not to hold the job's other slots."),
         .init("retry.max-attempts", "integer", "12", "Attempts in all before the result is failed, 1 to 1000; the defaults retry for about 80 to 160 seconds (delays doubling from retry.base-delay-ms, at most retry.max-delay-ms, halved at random)."),
         .init("retry.base-delay-ms", "integer", "100", "First backoff delay: 1 to 3,600,000, at most retry.max-delay-ms."),
         .init("retry.max-delay-ms", "integer", "60000", "Largest backoff delay: 1 to 86,400,000."),

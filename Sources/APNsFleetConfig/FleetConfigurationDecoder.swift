@@ -144,12 +144,12 @@ struct FleetConfigurationDecoder {
     private func kafka() throws(ConfigurationError) -> KafkaSettings {
         var kafka = KafkaSettings()
         kafka.bootstrapServers = try name("kafka.bootstrap-servers", default: kafka.bootstrapServers)
-        if let problem = KafkaSettings.bootstrapServersProblem(kafka.bootstrapServers) {
-            throw ConfigurationError(key: "kafka.bootstrap-servers", problem)
-        }
         kafka.groupID = try name("kafka.group-id", default: kafka.groupID)
         kafka.feedbackGroupID = try name("kafka.feedback-group-id", default: kafka.feedbackGroupID)
         kafka.securityProtocol = try choice("kafka.security-protocol", default: .plaintext)
+        if let problem = KafkaSettings.bootstrapServersProblem(kafka.bootstrapServers, securityProtocol: kafka.securityProtocol) {
+            throw ConfigurationError(key: "kafka.bootstrap-servers", problem)
+        }
         kafka.saslMechanism = try optionalChoice("kafka.sasl.mechanism")
         kafka.saslUsername = try string("kafka.sasl.username")
         kafka.saslPassword = try secretOrFile("kafka.sasl.password")

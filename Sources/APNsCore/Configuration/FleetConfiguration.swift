@@ -131,36 +131,47 @@ public struct KafkaSettings: Sendable {
     /// Default: `127.0.0.1:9092`.
     public var bootstrapServers: String
 
-    /// What is wrong with a bootstrap list, or nil: comma-separated `host`, `host:port` or
-    /// `[IPv6]:port` entries, optionally `scheme://`, ports 1 to 65535 (librdkafka's default is
-    /// 9092). librdkafka itself takes a bad entry silently and retries it for ever.
-    public static func bootstrapServersProblem(_ list: String) -> String? {
-        for entry in list.split(separator: ",", omittingEmptySubsequences: false) {
-            var rest = Substring(entry)
-            if let scheme = rest.firstRange(of: "://") { rest = rest[scheme.upperBound...] }
-            let host: Substring
+    /// What is wrong with a bootstrap list, or nil. librdkafka takes comma-separated `host`,
+    /// `host:port` or `[IPv6]:port` entries (9092 by default), optionally `scheme://` and a
+    /// path it ignores, and skips spaces and empty entries. What it cannot use it takes without
+    /// an error and then never connects: a port that is not one, or a scheme it does not know
+    /// or that is not `securityProtocol` (it then drops that entry and every one after it).
+    public static func bootstrapServersProblem(_ list: String, securityProtocol: SecurityProtocol? = nil) -> String? {
+        // Spaces around an entry trimmed, empty entries dropped, as librdkafka does.
+        let entries = list.split(separator: ",").compactMap { part -> Substring? in
+            let start = part.drop { $0 == " " }
+            return start.lastIndex { $0 != " " }.map { start[...$0] }
+        }
+        guard !entries.isEmpty else { return "names no broker" }
+        for entry in entries {
+            let shown = JobRules.quoted(JobRules.clip(String(entry)))
+            guard !entry.contains(where: \.isWhitespace) else { return "\(shown) has a space in it" }
+            var rest = entry
+            if let scheme = rest.firstRange(of: "://") {
+                let name = rest[..<scheme.lowerBound].lowercased()
+                guard let stated = SecurityProtocol(rawValue: name) else {
+                    return "\(shown) has scheme \(JobRules.quoted(String(rest[..<scheme.lowerBound]))); librdkafka knows plaintext, ssl, sasl_plaintext and sasl_ssl"
+                }
+                if let securityProtocol, stated != securityProtocol {
+                    return "\(shown) says \(stated.rawValue), but kafka.security-protocol is \(securityProtocol.rawValue); librdkafka would drop it and every broker after it"
+                }
+                rest = rest[scheme.upperBound...]
+            }
+            if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
             var port: Substring?
             if rest.hasPrefix("[") {
-                guard let end = rest.firstIndex(of: "]") else { return "\(JobRules.quoted(String(entry))) has no ']' after its IPv6 address" }
-                host = rest[rest.index(after: rest.startIndex)..<end]
+                guard let end = rest.firstIndex(of: "]") else { return "\(shown) has no ']' after its IPv6 address" }
                 let after = rest[rest.index(after: end)...]
                 if !after.isEmpty {
-                    guard after.hasPrefix(":") else { return "\(JobRules.quoted(String(entry))): only :port may follow ']'" }
+                    guard after.hasPrefix(":") else { return "\(shown): only :port may follow ']'" }
                     port = after.dropFirst()
                 }
-            } else {
-                let colons = rest.filter { $0 == ":" }.count
-                guard colons <= 1 else { return "\(JobRules.quoted(String(entry))): an IPv6 address needs brackets, as in [::1]:9092" }
-                if let colon = rest.firstIndex(of: ":") {
-                    host = rest[..<colon]
-                    port = rest[rest.index(after: colon)...]
-                } else {
-                    host = rest
-                }
+            } else if rest.filter({ $0 == ":" }).count == 1, let colon = rest.firstIndex(of: ":") {
+                // More colons: an IPv6 address without brackets, on the default port.
+                port = rest[rest.index(after: colon)...]
             }
-            guard !host.isEmpty else { return entry.isEmpty ? "has an empty entry" : "\(JobRules.quoted(String(entry))) has no host" }
             if let port, !(port.allSatisfy { ("0"..."9").contains($0) } && (Int(port).map { (1...65_535).contains($0) } ?? false)) {
-                return "\(JobRules.quoted(String(entry))) has port \(JobRules.quoted(String(port))); it must be 1 to 65535"
+                return "\(shown) has port \(JobRules.quoted(String(port))); it must be 1 to 65535"
             }
         }
         return nil

@@ -75,8 +75,11 @@ struct DemoCommand: AsyncParsableCommand {
         if config != nil, token.isEmpty {
             throw ValidationError("with --config (real APNs) give real device tokens with --token; generated tokens would only be refused")
         }
-        if let brokers, let problem = KafkaSettings.bootstrapServersProblem(brokers) {
-            throw ValidationError("--brokers \(problem)")
+        if let brokers {
+            // Handed to the workers as kafka.bootstrap-servers, which takes no spaces.
+            if let problem = KafkaSettings.bootstrapServersProblem(brokers) ?? (brokers.contains(" ") ? "must not contain spaces" : nil) {
+                throw ValidationError("--brokers \(problem)")
+            }
         }
         if config == nil, !token.isEmpty {
             throw ValidationError("--token needs --config: the simulator's demo checks generated tokens, whose answers it knows")
