@@ -224,10 +224,16 @@ struct GatewayStateMachine<Waiter> {
             // a good token. A "passed" status names nothing in this format (its identifier is
             // not the notification's), so that case is re-sent below.
             finish(only.key, .rejected(response.status), &actions)
+        } else if configuration.identifiesNotifications, passed {
+            // A "passed" status (a maintenance Shutdown) naming one already confirmed by its quiet
+            // period: everything still in the window came after it and was dropped, so it is
+            // re-sent without spending its allowance, and the gateway is not in trouble.
+            requeue(window.map(\.key), countsAsResend: false, because: response, &actions)
         } else {
-            // Nothing to attribute it to: the named notification was already confirmed (then
-            // everything still in the window came after it and was dropped), the identifier is
-            // garbage, or the format has none. Re-send all, bounded by the resend limit.
+            // Nothing to attribute it to: a failure naming one already confirmed (a late
+            // error-response, then everything still in the window came after it and was
+            // dropped), a garbage identifier, or a format that has none. Re-send all, bounded by
+            // the resend limit.
             actions.unattributed = response
             requeue(window.map(\.key), countsAsResend: true, because: response, &actions)
         }

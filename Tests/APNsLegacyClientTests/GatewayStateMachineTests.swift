@@ -121,6 +121,16 @@ struct GatewayStateMachineTests {
         #expect(why.contains("naming identifier 999, which was not in flight"), "\(why)")
     }
 
+    @Test("a Shutdown naming a notification already confirmed re-sends the window without spending its re-sends")
+    func shutdownNamingAConfirmedOne() {
+        // Maintenance closes in a row must not use up a notification's re-sends.
+        var machine = drained(2, resends: 0)
+        let actions = machine.errorResponse(1, LegacyErrorResponse(status: LegacyErrorStatus(code: 10), identifier: 999), now: start)
+        #expect(actions.resumes.isEmpty, "\(verdicts(actions))")
+        #expect(actions.unattributed == nil, "a gateway going away is not a gateway in trouble")
+        #expect(Array(machine.pending) == [1, 2])
+    }
+
     @Test("the simple format can only blame a notification when it was alone in the window")
     func simpleFormat() {
         var machine = drained(1, identifies: false)
