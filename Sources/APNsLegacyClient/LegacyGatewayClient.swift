@@ -174,8 +174,8 @@ public final class LegacyGatewayClient: Service, Sendable {
         if payloadCount == 0 {
             return .refused(.missingPayload, detail: "the payload is empty")
         }
-        if payloadCount > configuration.maximumPayloadBytes {
-            return .refused(.invalidPayloadSize, detail: "the payload is \(payloadCount) bytes; the binary interface takes at most \(configuration.maximumPayloadBytes)")
+        if payloadCount > configuration.payloadLimit {
+            return .refused(.invalidPayloadSize, detail: "the payload is \(payloadCount) bytes; the binary interface takes at most \(configuration.payloadLimit)")
         }
         return nil
     }

@@ -19,8 +19,14 @@ public struct LegacyGatewayConfiguration: Sendable {
     /// identifier, so an error-response cannot be tied to its notification (see `maximumResends`);
     /// `.frame` (command 2) also carries the priority. Default: `.enhanced`.
     public var format: LegacyNotification.Format = .enhanced
-    /// Payloads above this are refused before sending. Default: 256 (the interface's limit).
-    public var maximumPayloadBytes = LegacyNotification.maximumPayloadBytes
+    /// Payloads above this are refused before sending. Default: nil, the format's own limit:
+    /// 256 bytes for `.simple` and `.enhanced`, 2048 for `.frame`.
+    public var maximumPayloadBytes: Int?
+
+    /// The payload limit in force: `maximumPayloadBytes`, or the format's.
+    var payloadLimit: Int {
+        maximumPayloadBytes ?? (format == .frame ? LegacyNotification.maximumFramePayloadBytes : LegacyNotification.maximumPayloadBytes)
+    }
     /// The token size the interface takes; other sizes are refused before sending. Default: 32.
     public var tokenBytes = LegacyNotification.tokenBytes
     /// A written notification with no error-response for this long counts as accepted. Also the
@@ -85,7 +91,7 @@ public struct LegacyGatewayConfiguration: Sendable {
     public func validate() throws(LegacyClientError) {
         guard connections >= 1 else { throw LegacyClientError(.configuration, "connections must be at least 1, got \(connections)") }
         guard windowSize >= 1 else { throw LegacyClientError(.configuration, "the window must hold at least 1 notification, got \(windowSize)") }
-        guard maximumPayloadBytes >= 1, maximumPayloadBytes <= Int(UInt16.max) else {
+        if let maximumPayloadBytes, !(1...Int(UInt16.max)).contains(maximumPayloadBytes) {
             throw LegacyClientError(.configuration, "maximum payload bytes must be 1…65535, got \(maximumPayloadBytes)")
         }
         guard tokenBytes >= 1, tokenBytes <= Int(UInt16.max) else { throw LegacyClientError(.configuration, "token bytes must be 1…65535, got \(tokenBytes)") }

@@ -178,6 +178,23 @@ struct GatewayClientTests {
         try await waitUntil("the simulator to count the notification") { services.counts.acceptedIdentifiers == [1] }
     }
 
+    @Test("the frame format (command 2) takes payloads up to its own limit, 2048 bytes")
+    func frameFormatPayloadLimit() async throws {
+        let credentials = try LegacyTestCredentials.make()
+        defer { credentials.remove() }
+        let services = try await startLegacyServices(credentials)
+        defer { services.shutdown() }
+        var configuration = configuration(credentials, port: try #require(services.port(.gatewayPlain)), tls: false)
+        configuration.format = .frame
+        try await withGatewayClient(configuration) { client in
+            #expect(await client.send(token: Fixture.token(1), payload: [UInt8](repeating: 0x61, count: 2048)) == .accepted)
+            let verdict = await client.send(token: Fixture.token(2), payload: [UInt8](repeating: 0x61, count: 2049))
+            #expect(verdict == .refused(.invalidPayloadSize, detail: "the payload is 2049 bytes; the binary interface takes at most 2048"))
+        }
+        try await waitUntil("the gateway to count the notification") { services.counts.accepted >= 1 }
+        #expect(services.counts.errorResponses.isEmpty)
+    }
+
     @Test("payloads over the limit (256 bytes by default, or as configured) are refused before sending")
     func oversize() async throws {
         let credentials = try LegacyTestCredentials.make()

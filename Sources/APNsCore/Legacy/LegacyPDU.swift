@@ -5,6 +5,8 @@
 public struct LegacyNotification: Sendable, Hashable {
     /// The interface's payload limit (the binary interface reference, simple and enhanced formats).
     public static let maximumPayloadBytes = 256
+    /// The frame format's (command 2) payload limit.
+    public static let maximumFramePayloadBytes = 2048
     /// Device tokens on the binary interface are 32 bytes.
     public static let tokenBytes = 32
 
