@@ -162,30 +162,42 @@ extension RetryPathTests {
         #expect(fleet.backends.simulator.counters.snapshot().totals.requests == 0, "not sent")
     }
 
-    @Test("a fan-out job whose tokens got different answers gets a retry record per answer, each header true for its tokens")
-    func fanOutRetryRecordPerAnswer() async throws {
+    /// A fan-out job of two tokens, the first of which the simulator throttles (one request
+    /// per device a minute, used up by a warm-up job): the run's outcome once `done` holds.
+    /// `faults` are set before the fan-out job is published.
+    private func runThrottledFanOut(
+        retry: RetryPolicy, faults: RuntimeFaults.Overrides = .init(), timeout: Double = 60,
+        until done: @escaping @Sendable (_ results: [NotificationResult], _ retries: [KafkaRecord], _ tokens: (throttled: String, other: String)) -> Bool
+    ) async throws -> (outcome: InProcessFleet.Outcome, throttled: String, other: String) {
         var behaviour = APNsSimulatorConfiguration.Behaviour()
-        // One request per device a minute: the warm-up uses up the first token's.
         behaviour.perDeviceLimit = 1
         behaviour.perDeviceWindow = .seconds(60)
-        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 3, baseDelayMilliseconds: 30_000, maxDelayMilliseconds: 30_000)
         let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10)
-        let (throttled, unavailable) = (InProcessFleet.token(1), InProcessFleet.token(2))
+        let tokens = (throttled: InProcessFleet.token(1), other: InProcessFleet.token(2))
         let fanOutPublished = Shared(false)
-        let outcome = try await fleet.run([fleet.job(#"{"id":"warm","token":"\#(throttled)","payload":{}}"#)]) { results, retries in
+        let outcome = try await fleet.run([fleet.job(#"{"id":"warm","token":"\#(tokens.throttled)","payload":{}}"#)], timeout: timeout) { results, retries in
             if !results.isEmpty, !fanOutPublished.value {
                 fanOutPublished.update { $0 = true }
-                // The throttled device gets 429 (checked first), the other 503.
-                try fleet.backends.simulator.setFaults(.init(serviceUnavailableRate: 1))
-                try await fleet.publish(fleet.job(#"{"id":"fan","tokens":["\#(throttled)","\#(unavailable)"],"payload":{}}"#))
+                try fleet.backends.simulator.setFaults(faults)
+                try await fleet.publish(fleet.job(#"{"id":"fan","tokens":["\#(tokens.throttled)","\#(tokens.other)"],"payload":{}}"#))
             }
+            return done(results, retries, tokens)
+        }
+        return (outcome, tokens.throttled, tokens.other)
+    }
+
+    @Test("a fan-out job whose tokens got different answers gets a retry record per answer, each header true for its tokens")
+    func fanOutRetryRecordPerAnswer() async throws {
+        // The throttled device gets 429 (checked first), the other 503.
+        let retry = RetryPolicy(inProcessAttempts: 1, maxAttempts: 3, baseDelayMilliseconds: 30_000, maxDelayMilliseconds: 30_000)
+        let (outcome, throttled, other) = try await runThrottledFanOut(retry: retry, faults: .init(serviceUnavailableRate: 1)) { _, retries, tokens in
             let named = retries.compactMap { $0.headers.text(JobIntake.retryTokensKey) }.joined(separator: ",")
-            return named.contains(throttled) && named.contains(unavailable)
+            return named.contains(tokens.throttled) && named.contains(tokens.other)
         }
         let records = outcome.retries.map {
             "\($0.headers.text(JobIntake.retryTokensKey) ?? "-") \($0.headers.text(RetryHeaders.lastReasonKey) ?? "-") \($0.headers.text(RetryHeaders.lastStatusKey) ?? "-")"
         }
-        #expect(Set(records) == ["\(throttled) TooManyRequests 429", "\(unavailable) ServiceUnavailable 503"], "\(records)")
+        #expect(Set(records) == ["\(throttled) TooManyRequests 429", "\(other) ServiceUnavailable 503"], "\(records)")
     }
 
     @Test("a fan-out job's unanswered tokens share one retry record, though each timeout names its own stream")
@@ -203,20 +215,10 @@ extension RetryPathTests {
 
     @Test("a fan-out job's throttled device goes to the retry topic at once: the job's results and slots do not wait out its backoff")
     func fanOutThrottledDeviceDoesNotHoldTheJob() async throws {
-        var behaviour = APNsSimulatorConfiguration.Behaviour()
-        behaviour.perDeviceLimit = 1
-        behaviour.perDeviceWindow = .seconds(60)
         // An in-process backoff of 15–30 s, far past the test's patience.
         let retry = RetryPolicy(inProcessAttempts: 3, maxAttempts: 5, baseDelayMilliseconds: 30_000, maxDelayMilliseconds: 30_000)
-        let fleet = try await InProcessFleet.start(behaviour: behaviour, retry: retry, maxInFlight: 10)
-        let (throttled, other) = (InProcessFleet.token(1), InProcessFleet.token(2))
-        let fanOutPublished = Shared(false)
-        let outcome = try await fleet.run([fleet.job(#"{"id":"warm","token":"\#(throttled)","payload":{}}"#)], timeout: 12) { results, retries in
-            if !results.isEmpty, !fanOutPublished.value {
-                fanOutPublished.update { $0 = true }
-                try await fleet.publish(fleet.job(#"{"id":"fan","tokens":["\#(throttled)","\#(other)"],"payload":{}}"#))
-            }
-            return results.count >= 2 && !retries.isEmpty
+        let (outcome, throttled, other) = try await runThrottledFanOut(retry: retry, timeout: 12) { results, retries, _ in
+            results.count >= 2 && !retries.isEmpty
         }
         #expect(outcome.results.contains { $0.jobID == "fan" && $0.token == other && $0.outcome == .delivered }, "\(outcome.results.map { "\($0.jobID) \($0.outcome)" })")
         let record = try #require(outcome.retries.first)
