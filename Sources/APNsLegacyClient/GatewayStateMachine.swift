@@ -85,6 +85,9 @@ struct GatewayStateMachine<Waiter> {
         /// is one's own only on a connection that carried no other (one already confirmed by
         /// its quiet period may be the one a late error-response is about).
         var carried = 0
+        /// The last notification its quiet period confirmed: the one a maintenance Shutdown names
+        /// when it dropped everything written after it.
+        var lastConfirmed: UInt32?
     }
 
     /// A verdict for a caller.
@@ -224,10 +227,11 @@ struct GatewayStateMachine<Waiter> {
             // a good token. A "passed" status names nothing in this format (its identifier is
             // not the notification's), so that case is re-sent below.
             finish(only.key, .rejected(response.status), &actions)
-        } else if configuration.identifiesNotifications, passed {
-            // A "passed" status (a maintenance Shutdown) naming one already confirmed by its quiet
-            // period: everything still in the window came after it and was dropped, so it is
-            // re-sent without spending its allowance, and the gateway is not in trouble.
+        } else if configuration.identifiesNotifications, passed, response.identifier == connection.lastConfirmed {
+            // A "passed" status (a maintenance Shutdown) naming the last one its quiet period
+            // confirmed: everything still in the window came after it and was dropped, so it is
+            // re-sent without spending its allowance, and the gateway is not in trouble. (Naming
+            // anything else, it says nothing certain: the path below.)
             requeue(window.map(\.key), countsAsResend: false, because: response, &actions)
         } else {
             // Nothing to attribute it to: a failure naming one already confirmed (a late
@@ -268,6 +272,7 @@ struct GatewayStateMachine<Waiter> {
             guard var connection = connections[id] else { continue }
             while let first = connection.window.first, let writtenAt = first.writtenAt, now >= writtenAt + configuration.quietPeriod {
                 connection.window.removeFirst()
+                connection.lastConfirmed = first.key
                 finish(first.key, .accepted, &actions)
             }
             // Written and waiting for the quiet period: answer a caller whose deadline passed,

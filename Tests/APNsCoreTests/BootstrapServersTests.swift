@@ -8,7 +8,7 @@ struct BootstrapServersTests {
     @Test(
         "librdkafka's own forms pass",
         arguments: [
-            "kafka:9092", "kafka", "a:9092, b:9092", "a:9092,", " a:9092 ", "[::1]:9092", "::1", "[fe80::1%eth0]:9092",
+            "kafka:9092", "kafka", "a:9092, b:9092", "a:9092,", " a:9092 ", "[::1]:9092", "[::1]", "[fe80::1%eth0]:9092",
             "PLAINTEXT://h:9092/", "plaintext://h:9092", ":9092",
         ]
     )
@@ -27,6 +27,7 @@ struct BootstrapServersTests {
         arguments: [
             ("a:9092,b:99999", "\"b:99999\" has port \"99999\""), ("h:+80", "\"h:+80\" has port \"+80\""), ("[::1:9092", "no ']'"),
             ("[::1]x", "only :port may follow ']'"), ("a b:9092", "has a space"), (" , ", "names no broker"),
+            ("::1:9092", "needs brackets"), ("::1", "needs brackets"),
         ]
     )
     func refused(list: String, problem: String) {

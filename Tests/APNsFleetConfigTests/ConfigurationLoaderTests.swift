@@ -276,6 +276,8 @@ struct ConfigurationLoaderTests {
              "configuration key 'kafka.bootstrap-servers': \"SSL://kafka-1:9093\" says ssl, but kafka.security-protocol is plaintext; librdkafka would drop it and every broker after it"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "auto.commit.interval.ms=0"],
              "configuration key 'kafka.properties': auto.commit.interval.ms is \"0\"; it must be 1 to 300000 milliseconds (0 would stop librdkafka committing stored offsets except at a rebalance or a clean stop, and a crash redoes up to one interval of jobs)"),
+            (["APNS_FLEET_KAFKA_PROPERTIES": "security.protocol=sasl_ssl"],
+             "configuration key 'kafka.properties': security.protocol cannot be set here: set kafka.security-protocol instead"),
             (["APNS_FLEET_KAFKA_PROPERTIES": "offset.store.method=file"],
              "configuration key 'kafka.properties': offset.store.method cannot be set here: offsets are committed to the group's broker (the default); any other method loses the offsets stored at a rebalance or a stop"),
             (["APNS_FLEET_WORKER_DRAIN_TIMEOUT_SECONDS": "400"],

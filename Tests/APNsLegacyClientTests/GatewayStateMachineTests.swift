@@ -121,14 +121,26 @@ struct GatewayStateMachineTests {
         #expect(why.contains("naming identifier 999, which was not in flight"), "\(why)")
     }
 
-    @Test("a Shutdown naming a notification already confirmed re-sends the window without spending its re-sends")
+    @Test("a Shutdown naming the last notification confirmed re-sends the window without spending its re-sends; naming another, it counts")
     func shutdownNamingAConfirmedOne() {
         // Maintenance closes in a row must not use up a notification's re-sends.
-        var machine = drained(2, resends: 0)
-        let actions = machine.errorResponse(1, LegacyErrorResponse(status: LegacyErrorStatus(code: 10), identifier: 999), now: start)
+        var machine = drained(1, resends: 0)
+        machine.written(1, count: 1, now: start)
+        #expect(verdicts(machine.tick(now: start + .seconds(2))) == [1: .accepted])
+        enqueue(&machine, 2...3)
+        _ = machine.drain(1, now: start + .seconds(2))
+        let actions = machine.errorResponse(1, LegacyErrorResponse(status: LegacyErrorStatus(code: 10), identifier: 1), now: start + .seconds(2))
         #expect(actions.resumes.isEmpty, "\(verdicts(actions))")
         #expect(actions.unattributed == nil, "a gateway going away is not a gateway in trouble")
-        #expect(Array(machine.pending) == [1, 2])
+        #expect(Array(machine.pending) == [2, 3])
+
+        // A Shutdown naming nothing this connection confirmed (a garbage identifier): the window's
+        // fate is unknown, so re-sends count (none are left here) and the gateway is in trouble.
+        var unknown = drained(2, resends: 0)
+        let garbage = LegacyErrorResponse(status: LegacyErrorStatus(code: 10), identifier: 999)
+        let got = unknown.errorResponse(1, garbage, now: start)
+        #expect(got.unattributed == garbage)
+        #expect(verdicts(got).count == 2, "re-sends used up")
     }
 
     @Test("the simple format can only blame a notification when it was alone in the window")

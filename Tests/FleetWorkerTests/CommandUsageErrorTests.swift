@@ -19,6 +19,7 @@ struct CommandUsageErrorTests {
         Case(arguments: ["demo", "--mix", "good=0"], message: "--mix: job mix:"),
         Case(arguments: ["bench", "e2e", "--mix", "bogus=1"], message: "--mix: job mix:"),
         Case(arguments: ["demo", "--brokers", "kafka:abc"], message: "--brokers \"kafka:abc\" has port \"abc\"; it must be 1 to 65535"),
+        Case(arguments: ["demo", "--brokers", "ssl://kafka:9093"], message: "--brokers \"ssl://kafka:9093\" says ssl, but kafka.security-protocol is plaintext"),
         Case(arguments: ["demo", "--token", token], message: "--token needs --config"),
         Case(arguments: ["demo", "--metrics-port", "0"], message: "--metrics-port must be 1 to 65534"),
         Case(arguments: ["bench", "e2e", "--apns-latency-ms=-5"], message: "--apns-latency-ms must be 0 to 86400000"),

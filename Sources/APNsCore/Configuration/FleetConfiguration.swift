@@ -135,7 +135,8 @@ public struct KafkaSettings: Sendable {
     /// `host:port` or `[IPv6]:port` entries (9092 by default), optionally `scheme://` and a
     /// path it ignores, and skips spaces and empty entries. What it cannot use it takes without
     /// an error and then never connects: a port that is not one, or a scheme it does not know
-    /// or that is not `securityProtocol` (it then drops that entry and every one after it).
+    /// or that is not `securityProtocol` (it then drops that entry and every one after it). An
+    /// IPv6 address must be in brackets: unbracketed, its last group would pass for the port.
     public static func bootstrapServersProblem(_ list: String, securityProtocol: SecurityProtocol? = nil) -> String? {
         // Spaces around an entry trimmed, empty entries dropped, as librdkafka does.
         let entries = list.split(separator: ",").compactMap { part -> Substring? in
@@ -166,8 +167,10 @@ public struct KafkaSettings: Sendable {
                     guard after.hasPrefix(":") else { return "\(shown): only :port may follow ']'" }
                     port = after.dropFirst()
                 }
-            } else if rest.filter({ $0 == ":" }).count == 1, let colon = rest.firstIndex(of: ":") {
-                // More colons: an IPv6 address without brackets, on the default port.
+            } else if rest.filter({ $0 == ":" }).count > 1 {
+                // librdkafka would read "::1:9092" as the address ::1:9092 on port 9092.
+                return "\(shown): an IPv6 address needs brackets, as in [::1]:9092"
+            } else if let colon = rest.firstIndex(of: ":") {
                 port = rest[rest.index(after: colon)...]
             }
             if let port, !(port.allSatisfy { ("0"..."9").contains($0) } && (Int(port).map { (1...65_535).contains($0) } ?? false)) {
@@ -210,6 +213,9 @@ public struct KafkaSettings: Sendable {
         "delivery.report.only.error": "a job's offset is stored only once the delivery reports of its results arrive, successes included",
         // librdkafka 2.0.2 commits a revoked partition's offsets only with the "broker" method.
         "offset.store.method": "offsets are committed to the group's broker (the default); any other method loses the offsets stored at a rebalance or a stop",
+        // One source for each, so that the brokers' schemes can be checked against the protocol.
+        "security.protocol": "set kafka.security-protocol instead",
+        "bootstrap.servers": "set kafka.bootstrap-servers instead",
     ]
 
     public init(

@@ -77,7 +77,7 @@ struct DemoCommand: AsyncParsableCommand {
         }
         if let brokers {
             // Handed to the workers as kafka.bootstrap-servers, which takes no spaces.
-            if let problem = KafkaSettings.bootstrapServersProblem(brokers) ?? (brokers.contains(" ") ? "must not contain spaces" : nil) {
+            if let problem = KafkaSettings.bootstrapServersProblem(brokers, securityProtocol: .plaintext) ?? (brokers.contains(" ") ? "must not contain spaces" : nil) {
                 throw ValidationError("--brokers \(problem)")
             }
         }

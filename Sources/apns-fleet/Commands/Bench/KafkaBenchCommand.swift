@@ -59,7 +59,7 @@ struct KafkaBenchCommand: AsyncParsableCommand {
             throw ValidationError("--messages and --partitions must be positive, --size not negative")
         }
         guard timeoutSeconds > 0 else { throw ValidationError("--timeout-seconds must be positive") }
-        if let bootstrap, let problem = KafkaSettings.bootstrapServersProblem(bootstrap) {
+        if let bootstrap, let problem = KafkaSettings.bootstrapServersProblem(bootstrap, securityProtocol: .plaintext) {
             throw ValidationError("--bootstrap \(problem)")
         }
     }
