@@ -156,7 +156,7 @@ public struct KafkaClientConfiguration: Sendable {
     /// (the fleet's configuration refuses them with a reason).
     static let managedProperties: Set<String> = [
         "enable.idempotence", "enable.auto.offset.store", "enable.auto.commit", "group.id", "enable.partition.eof",
-        "delivery.report.only.error", "offset.store.method", "security.protocol", "bootstrap.servers",
+        "delivery.report.only.error", "offset.store.method",
     ]
 
     /// Whether a property's value must never be shown.
