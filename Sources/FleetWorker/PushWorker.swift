@@ -473,12 +473,17 @@ public final class PushWorker: Service, Sendable {
     /// headers speak for every token it names, so tokens whose attempts or APNs answers differ
     /// (a 429 for one device, a 503 for another) go in separate records; a result that reads
     /// them later (`expired`, `failed`) then gives each token its own answer. Unanswered
-    /// attempts share one record: their reasons name streams, and a record per token would copy
-    /// a large fan-out job once per token. None when `later` is empty.
+    /// attempts share a record per kind (certainly not taken, or possibly taken): their reasons
+    /// name streams, and a record per token would copy a large fan-out job once per token. None
+    /// when `later` is empty.
     private func retryMessages(_ later: [LaterAttempt], of job: JobInFlight, record: KafkaRecord) -> [KafkaOutgoingMessage] {
+        // Unanswered attempts by kind only: APNs certainly did not take them, or it may have.
         let key = { (attempt: LaterAttempt) -> (Int, Int?, String?) in
-            guard case .answered(let status, let reason) = attempt.last.attempt else { return (attempt.headers.attempt, nil, nil) }
-            return (attempt.headers.attempt, status, reason?.rawValue)
+            switch attempt.last.attempt {
+            case .answered(let status, let reason): (attempt.headers.attempt, status, reason?.rawValue)
+            case .notAnswered: (attempt.headers.attempt, nil, "not answered")
+            case .unconfirmed: (attempt.headers.attempt, nil, "unconfirmed")
+            }
         }
         // Usually one group: one token, or tokens that all got the same answer.
         var groups: [[LaterAttempt]] = []
