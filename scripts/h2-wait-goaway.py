@@ -24,9 +24,12 @@ conn.initiate_connection()
 sock.sendall(conn.data_to_send())
 started = time.monotonic()
 asked = False
+# GOAWAY is asked for only once the server's SETTINGS came: before, on a busy host, the
+# simulator may not have taken the connection in yet, and the GOAWAY would go to nobody.
+settled = False
 sock.settimeout(0.1)
 while time.monotonic() - started < timeout:
-    if admin and not asked and time.monotonic() - started > 0.2:
+    if admin and not asked and settled:
         urllib.request.urlopen(urllib.request.Request(admin, method="POST")).read()
         asked = True
     try:
@@ -36,6 +39,8 @@ while time.monotonic() - started < timeout:
     if not data:
         break
     for event in conn.receive_data(data):
+        if isinstance(event, h2.events.RemoteSettingsChanged):
+            settled = True
         if isinstance(event, h2.events.ConnectionTerminated):
             print(json.dumps({"error_code": int(event.error_code),
                               "additional_data": (event.additional_data or b"").decode(),
