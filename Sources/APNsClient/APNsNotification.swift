@@ -130,8 +130,9 @@ public struct APNsNotAnswered: Sendable, Hashable, CustomStringConvertible {
     public var kind: Kind
     /// Detail for logs and `last-reason`; never holds keys or tokens.
     public var detail: String
-    /// True when APNs certainly did not process the request (refused, above GOAWAY's
-    /// last-stream-id, or never written), so sending it again cannot duplicate it.
+    /// True when APNs certainly did not deliver the request (refused, above GOAWAY's
+    /// last-stream-id, never written, or answered with a status other than 200 and then cut
+    /// short: `cutShort`), so sending it again cannot duplicate it.
     public var certainlyNotProcessed: Bool
 
     public init(_ kind: Kind, _ detail: String, certainlyNotProcessed: Bool) {

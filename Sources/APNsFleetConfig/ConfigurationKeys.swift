@@ -26,7 +26,7 @@ public struct ConfigurationKey: Sendable, Hashable {
 public enum ConfigurationKeys {
     public static let all: [ConfigurationKey] = [
         // Kafka
-        .init("kafka.bootstrap-servers", "string", "127.0.0.1:9092", "Comma-separated Kafka brokers."),
+        .init("kafka.bootstrap-servers", "string", "127.0.0.1:9092", "Comma-separated Kafka brokers: host:port, [IPv6]:port, or scheme://host:port with the scheme of kafka.security-protocol; no spaces, no credentials. A port out of range, an unbracketed IPv6 address or another scheme stops the worker at start (librdkafka would never connect)."),
         .init("kafka.group-id", "string", "apns-fleet-push", "Consumer group of the push workers."),
         .init("kafka.feedback-group-id", "string", "apns-fleet-feedback", "Consumer group of the feedback worker."),
         .init("kafka.security-protocol", "plaintext | ssl | sasl_plaintext | sasl_ssl", "plaintext", "How clients talk to the brokers."),
@@ -39,7 +39,7 @@ public enum ConfigurationKeys {
         .init("kafka.ssl.key-file", "path", "(none)", "Client private key (PEM) for mutual TLS with the brokers."),
         .init("kafka.ssl.key-password", "secret string", "(none)", "Password of kafka.ssl.key-file; prefer kafka.ssl.key-password-file.", secret: true),
         .init("kafka.ssl.key-password-file", "path", "(none)", "File whose contents (trailing newline removed) are the password of kafka.ssl.key-file."),
-        .init("kafka.properties", "list of name=value", "(none)", "Extra librdkafka properties, passed through; they win over the keys above."),
+        .init("kafka.properties", "list of name=value", "(none)", "Extra librdkafka properties, passed through; they win over the keys above. Refused, with the reason: those the delivery guarantees rest on (enable.idempotence, enable.auto.offset.store, enable.auto.commit, group.id, enable.partition.eof, delivery.report.only.error, offset.store.method), those with keys of their own (security.protocol, bootstrap.servers), auto.commit.interval.ms outside 1 to 300000 and a max.poll.interval.ms that is not positive."),
         // Topics
         .init("topics.jobs", "string", "apns.jobs", "Input topic of notification jobs."),
         .init("topics.retry", "string", "apns.jobs.retry", "Delayed retries."),

@@ -257,7 +257,7 @@ public struct RequestValidator: Sendable {
         return true
     }
 
-    /// A bundle-id-like topic: non-empty, at most 256 bytes, no spaces or control characters.
+    /// A bundle-id-like topic: non-empty, at most 256 bytes, printable ASCII without spaces.
     public static func isWellFormedTopic(_ topic: String) -> Bool {
         var topic = topic
         return topic.withUTF8 { bytes in

@@ -81,12 +81,12 @@ public struct SendResult: Sendable, Hashable {
 
     /// What the HTTP/2 client's outcome says, taking `latencyMs` from the caller's clock.
     /// `sentID` is the `apns-id` the request carried: the result's when APNs did not answer (a
-    /// timeout or a dropped connection) but may still have taken the request under it; not when
-    /// the request certainly never reached APNs.
+    /// timeout or a dropped connection) but may still have taken the request under it, or began
+    /// an answer that was cut short; not when the request certainly never reached APNs.
     public init(_ outcome: APNsOutcome, sentID: String?, latencyMs: Double) {
         let response = outcome.response
         var mayHaveReachedAPNs = false
-        if case .notAnswered(let why) = outcome { mayHaveReachedAPNs = !why.certainlyNotProcessed }
+        if case .notAnswered(let why) = outcome { mayHaveReachedAPNs = !why.certainlyNotProcessed || why.kind == .cutShort }
         self.init(
             attempt: outcome.attemptResult,
             apnsID: response?.apnsID ?? (mayHaveReachedAPNs ? sentID : nil),

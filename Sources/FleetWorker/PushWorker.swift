@@ -497,8 +497,9 @@ public final class PushWorker: Service, Sendable {
         return groups.flatMap { retryMessages(alike: $0, of: job, record: record) }
     }
 
-    /// The retry records of tokens that share their attempt count, last reason and last status,
-    /// split over as many records as it takes to keep each within the producer's
+    /// The retry records of tokens that share their attempt count and APNs's answer (or, for
+    /// unanswered ones, the kind of non-answer: then the headers' reason and not-before are
+    /// those of the token due last), split over as many records as it takes to keep each within the producer's
     /// `message.max.bytes` (a fan-out job's `retry-tokens` can run to megabytes). A token that
     /// fits no record (the job itself is near the limit) gets a `failed` result instead: refused
     /// as too large, its record would be published again forever and hold its partition's offset

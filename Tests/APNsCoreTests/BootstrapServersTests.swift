@@ -34,4 +34,13 @@ struct BootstrapServersTests {
         let found = KafkaSettings.bootstrapServersProblem(list)
         #expect(found?.contains(problem) == true, "\(found ?? "nil")")
     }
+
+    @Test("credentials in a broker entry are refused without being shown")
+    func credentialsNotEchoed() {
+        for list in ["sasl_ssl://alice:s3cret@broker:9093", "alice:s3cret@broker"] {
+            let found = KafkaSettings.bootstrapServersProblem(list, securityProtocol: .saslSSL)
+            #expect(found?.contains("brokers take no credentials") == true, "\(found ?? "nil")")
+            #expect(found?.contains("s3cret") == false)
+        }
+    }
 }

@@ -223,5 +223,8 @@ struct SendResultTests {
         // Never written (too late, the connection going away): it reached nobody, so no id.
         let unsent = SendResult(.notAnswered(APNsNotAnswered(.tooLate, "past its send-by time before it was written", certainlyNotProcessed: true)), sentID: "9f1c0000-0000-4000-8000-000000000001", latencyMs: 0)
         #expect(unsent.apnsID == nil)
+        // Answered, then cut short: not delivered, but it did reach APNs under its id.
+        let cut = SendResult(.notAnswered(APNsNotAnswered(.cutShort, "APNs answered 503, then the connection closed", certainlyNotProcessed: true)), sentID: "9f1c0000-0000-4000-8000-000000000001", latencyMs: 4)
+        #expect(cut.apnsID == "9f1c0000-0000-4000-8000-000000000001")
     }
 }

@@ -143,7 +143,10 @@ public struct LegacyGatewayDecoder: Sendable {
     private var buffer: [UInt8] = []
     private var start = 0
 
-    public init(tokenBytes: Int = 32, maximumPayloadBytes: Int = 256, maximumFramePayloadBytes: Int = 2048) {
+    public init(
+        tokenBytes: Int = LegacyNotification.tokenBytes, maximumPayloadBytes: Int = LegacyNotification.maximumPayloadBytes,
+        maximumFramePayloadBytes: Int = LegacyNotification.maximumFramePayloadBytes
+    ) {
         self.tokenBytes = tokenBytes
         self.maximumPayloadBytes = maximumPayloadBytes
         self.maximumFramePayloadBytes = maximumFramePayloadBytes

@@ -26,6 +26,14 @@ func checkRate(_ rate: Double?) throws {
     if let rate, !(rate.isFinite && rate >= 0.01) { throw ValidationError("--rate must be a number of jobs per second, at least 0.01") }
 }
 
+/// Refuses a simulated APNs latency (milliseconds, handed to the simulator's `--latency-ms`)
+/// outside what the simulator takes, 0 to a day, before anything is started.
+func checkSimulatedLatency(_ flag: String, _ milliseconds: Int?) throws {
+    if let milliseconds, !(0...86_400_000).contains(milliseconds) {
+        throw ValidationError("\(flag) must be 0 to 86400000 (a day), got \(milliseconds)")
+    }
+}
+
 /// The `--mix` of generated jobs, kind=weight,…; a bad one is a usage error naming the flag.
 func parseMix(_ text: String) throws -> JobMix {
     do { return try JobMix(parsing: text) } catch { throw ValidationError("--mix: \(error)") }

@@ -54,9 +54,7 @@ struct FleetBenchOptions: ParsableArguments {
         }
         if let mix { _ = try parseMix(mix) }
         // Checked here, before kafka-dev and the simulator start, not by the spawned processes.
-        if let apnsLatencyMs, !(0...86_400_000).contains(apnsLatencyMs) {
-            throw ValidationError("--apns-latency-ms must be 0 to 86400000 (a day), got \(apnsLatencyMs)")
-        }
+        try checkSimulatedLatency("--apns-latency-ms", apnsLatencyMs)
         if let maxInFlight, !(0...1_000_000).contains(maxInFlight) {
             throw ValidationError("--max-in-flight must be 0 (sized from the streams) to 1000000, got \(maxInFlight)")
         }
