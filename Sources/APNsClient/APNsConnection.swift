@@ -582,10 +582,7 @@ final class APNsConnection: @unchecked Sendable {
             if headerBlock.stream == stream { headerBlock.stream = 0 }
             return
         }
-        if headerBlock.stream == stream {
-            headerBlock.apply(to: &inFlight)
-            headerBlock.stream = 0
-        }
+        takeHeaderBlock(of: stream, into: &inFlight)
         var reason: APNsReason?
         var timestamp: Int64?
         if let body = inFlight.body, body.readableBytes > 0 {
@@ -697,6 +694,13 @@ final class APNsConnection: @unchecked Sendable {
         return (reason, timestamp)
     }
 
+    /// Moves the header block still held here into `inFlight`, if it is `stream`'s.
+    private func takeHeaderBlock(of stream: Int32, into inFlight: inout InFlight) {
+        guard headerBlock.stream == stream else { return }
+        headerBlock.apply(to: &inFlight)
+        headerBlock.stream = 0
+    }
+
     /// Finishes a stream whose answer did not end: with `otherwise`, unless the answer's final
     /// HEADERS came before the cut (a reset, a lost connection, the deadline). Their status
     /// proves APNs took the request: a 200 was delivered, so it is answered (sending it again
@@ -704,10 +708,7 @@ final class APNsConnection: @unchecked Sendable {
     /// processed, and the retry, with backoff, gets the reason the cut body held. A 1xx is no
     /// final answer.
     private func finishCut(_ stream: Int32, _ inFlight: inout InFlight, otherwise: APNsNotAnswered) {
-        if headerBlock.stream == stream {
-            headerBlock.apply(to: &inFlight)
-            headerBlock.stream = 0
-        }
+        takeHeaderBlock(of: stream, into: &inFlight)
         if inFlight.status >= 200 {
             // An answer, if a cut one: the connection is not unanswering.
             unanswered = nil
@@ -934,8 +935,8 @@ final class APNsConnection: @unchecked Sendable {
                 guard var inFlight = streams.removeValue(forKey: stream) else { continue }
                 let unsent = !session.hasSentHeaders(on: stream)
                 // A stream whose answer began proves the path alive: not a timeout for PING and retiring.
-                let answerBegan = inFlight.status != 0 || (headerBlock.stream == stream && headerBlock.status != 0)
-                if !unsent, !answerBegan {
+                takeHeaderBlock(of: stream, into: &inFlight)
+                if !unsent, inFlight.status == 0 {
                     sentRequestsTimedOut += 1
                     earliestTimedOutSend = min(earliestTimedOutSend ?? inFlight.sentAt, inFlight.sentAt)
                 }

@@ -41,7 +41,7 @@ public enum SecurityWarnings {
             warnings.append("kafka.sasl.* is set but kafka.security-protocol is \(protocolName), which does not use SASL: those settings are ignored (did you mean sasl_plaintext or sasl_ssl?)")
         }
         // PLAIN sends the password itself; without TLS, anyone on the path to a broker reads it.
-        let brokerHosts = kafka.bootstrapServers.split(separator: ",").map { Self.host(ofBroker: String($0)) }
+        let brokerHosts = (try? KafkaSettings.brokers(kafka.bootstrapServers).get())?.map(\.host) ?? []
         if kafka.securityProtocol == .saslPlaintext, kafka.saslMechanism == .plain, !brokerHosts.allSatisfy(isLoopback) {
             warnings.append("kafka.security-protocol is sasl_plaintext with kafka.sasl.mechanism PLAIN: the SASL password crosses the network in clear; use sasl_ssl, or a SCRAM mechanism")
         }
@@ -63,16 +63,6 @@ public enum SecurityWarnings {
             }
         }
         return warnings
-    }
-
-    /// `host` of a `host:port` bootstrap entry (`[v6]:port` and `PROTOCOL://host:port` too),
-    /// spaces trimmed.
-    static func host(ofBroker entry: String) -> String {
-        var trimmed = entry.trimmingSpaces
-        if let scheme = trimmed.firstRange(of: "://") { trimmed = String(trimmed[scheme.upperBound...]) }
-        if trimmed.hasPrefix("["), let end = trimmed.firstIndex(of: "]") { return String(trimmed[trimmed.index(after: trimmed.startIndex)..<end]) }
-        guard let colon = trimmed.lastIndex(of: ":") else { return trimmed }
-        return String(trimmed[..<colon])
     }
 
     static func isLoopback(_ host: String) -> Bool {

@@ -4,7 +4,7 @@ import KafkaTransport
 extension KafkaClientConfiguration {
     /// The librdkafka client settings for the fleet's Kafka configuration.
     public init(settings: KafkaSettings, clientID: String) {
-        self.init(bootstrapServers: settings.bootstrapServers.split(separator: ",").map { String($0).trimmingCharacters() })
+        self.init(bootstrapServers: KafkaSettings.bootstrapEntries(settings.bootstrapServers).map(String.init))
         self.clientID = clientID
         var security = Security.plaintext
         if settings.securityProtocol.usesTLS {
@@ -21,14 +21,5 @@ extension KafkaClientConfiguration {
         }
         self.security = security
         self.properties = settings.properties
-    }
-}
-
-extension String {
-    fileprivate func trimmingCharacters() -> String {
-        var slice = Substring(self)
-        while slice.first?.isWhitespace == true { slice.removeFirst() }
-        while slice.last?.isWhitespace == true { slice.removeLast() }
-        return String(slice)
     }
 }

@@ -131,57 +131,6 @@ public struct KafkaSettings: Sendable {
     /// Default: `127.0.0.1:9092`.
     public var bootstrapServers: String
 
-    /// What is wrong with a bootstrap list, or nil. librdkafka takes comma-separated `host`,
-    /// `host:port` or `[IPv6]:port` entries (9092 by default), optionally `scheme://` and a
-    /// path it ignores, and skips spaces and empty entries. What it cannot use it takes without
-    /// an error and then never connects: a port that is not one, or a scheme it does not know
-    /// or that is not `securityProtocol` (it then drops that entry and every one after it). An
-    /// IPv6 address must be in brackets: unbracketed, its last group would pass for the port.
-    /// (The fleet's configuration refuses spaces before this; `bench kafka` passes them on.)
-    public static func bootstrapServersProblem(_ list: String, securityProtocol: SecurityProtocol? = nil) -> String? {
-        // Spaces around an entry trimmed, empty entries dropped, as librdkafka does.
-        let entries = list.split(separator: ",").compactMap { part -> Substring? in
-            let start = part.drop { $0 == " " }
-            return start.lastIndex { $0 != " " }.map { start[...$0] }
-        }
-        guard !entries.isEmpty else { return "names no broker" }
-        for entry in entries {
-            // Not shown: what comes before an "@" may be a password.
-            guard !entry.contains("@") else { return "has an entry with \"@\" (user:password@host?); brokers take no credentials: set kafka.sasl.username and kafka.sasl.password-file" }
-            let shown = JobRules.quoted(JobRules.clip(String(entry)))
-            guard !entry.contains(where: \.isWhitespace) else { return "\(shown) has a space in it" }
-            var rest = entry
-            if let scheme = rest.firstRange(of: "://") {
-                let name = rest[..<scheme.lowerBound].lowercased()
-                guard let stated = SecurityProtocol(rawValue: name) else {
-                    return "\(shown) has scheme \(JobRules.quoted(String(rest[..<scheme.lowerBound]))); librdkafka knows plaintext, ssl, sasl_plaintext and sasl_ssl"
-                }
-                if let securityProtocol, stated != securityProtocol {
-                    return "\(shown) says \(stated.rawValue), but kafka.security-protocol is \(securityProtocol.rawValue); librdkafka would drop it and every broker after it"
-                }
-                rest = rest[scheme.upperBound...]
-            }
-            if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
-            var port: Substring?
-            if rest.hasPrefix("[") {
-                guard let end = rest.firstIndex(of: "]") else { return "\(shown) has no ']' after its IPv6 address" }
-                let after = rest[rest.index(after: end)...]
-                if !after.isEmpty {
-                    guard after.hasPrefix(":") else { return "\(shown): only :port may follow ']'" }
-                    port = after.dropFirst()
-                }
-            } else if rest.filter({ $0 == ":" }).count > 1 {
-                // librdkafka would read "::1:9092" as the address ::1:9092 on port 9092.
-                return "\(shown): an IPv6 address needs brackets, as in [::1]:9092"
-            } else if let colon = rest.firstIndex(of: ":") {
-                port = rest[rest.index(after: colon)...]
-            }
-            if let port, !(port.allSatisfy { ("0"..."9").contains($0) } && (Int(port).map { (1...65_535).contains($0) } ?? false)) {
-                return "\(shown) has port \(JobRules.quoted(String(port))); it must be 1 to 65535"
-            }
-        }
-        return nil
-    }
     /// Consumer group of the push workers. Default: `apns-fleet-push`.
     public var groupID: String
     /// Consumer group of the feedback worker. Default: `apns-fleet-feedback`.
@@ -247,6 +196,106 @@ public struct KafkaSettings: Sendable {
         self.sslKeyFile = sslKeyFile
         self.sslKeyPassword = sslKeyPassword
         self.properties = properties
+    }
+}
+
+// MARK: - Bootstrap list
+
+extension KafkaSettings {
+    /// One entry of a bootstrap list, as librdkafka reads it: `host`, `host:port` or
+    /// `[IPv6]:port` (9092 by default), optionally after `scheme://` and before a path it ignores.
+    public struct Broker: Sendable, Hashable {
+        public var host: String
+        /// Nil: librdkafka's default, 9092.
+        public var port: Int?
+    }
+
+    /// The entries of a bootstrap list: spaces around each trimmed and empty ones dropped, as
+    /// librdkafka does.
+    public static func bootstrapEntries(_ list: String) -> [Substring] {
+        list.split(separator: ",").compactMap { part in
+            let start = part.drop { $0 == " " }
+            return start.lastIndex { $0 != " " }.map { start[...$0] }
+        }
+    }
+
+    /// The brokers of a bootstrap list, or what is wrong with it. librdkafka takes what it
+    /// cannot use without an error and then never connects: a port that is not one, or a scheme
+    /// it does not know or that is not `securityProtocol` (it then drops that entry and every
+    /// one after it). An IPv6 address must be in brackets: unbracketed, its last group would
+    /// pass for the port. (The fleet's configuration refuses spaces before this; `bench kafka`
+    /// passes them on.)
+    public static func brokers(_ list: String, securityProtocol: SecurityProtocol? = nil) -> Result<[Broker], BootstrapProblem> {
+        let entries = bootstrapEntries(list)
+        guard !entries.isEmpty else { return .failure(BootstrapProblem("names no broker")) }
+        var brokers: [Broker] = []
+        for entry in entries {
+            switch broker(entry, securityProtocol: securityProtocol) {
+            case .success(let broker): brokers.append(broker)
+            case .failure(let problem): return .failure(problem)
+            }
+        }
+        return .success(brokers)
+    }
+
+    /// What is wrong with a bootstrap list, or nil: `brokers`' problem.
+    public static func bootstrapServersProblem(_ list: String, securityProtocol: SecurityProtocol? = nil) -> String? {
+        guard case .failure(let problem) = brokers(list, securityProtocol: securityProtocol) else { return nil }
+        return problem.description
+    }
+
+    /// Why a bootstrap list cannot work, for an error message that names the entry (unless it
+    /// may hold a password).
+    public struct BootstrapProblem: Error, Sendable, Hashable, CustomStringConvertible {
+        public let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    private static func broker(_ entry: Substring, securityProtocol: SecurityProtocol?) -> Result<Broker, BootstrapProblem> {
+        func problem(_ text: String) -> Result<Broker, BootstrapProblem> { .failure(BootstrapProblem(text)) }
+        // Not shown: what comes before an "@" may be a password.
+        guard !entry.contains("@") else {
+            return problem("has an entry with \"@\" (user:password@host?); brokers take no credentials: set kafka.sasl.username and kafka.sasl.password-file")
+        }
+        let shown = JobRules.quoted(JobRules.clip(String(entry)))
+        guard !entry.contains(where: \.isWhitespace) else { return problem("\(shown) has a space in it") }
+        var rest = entry
+        if let separator = rest.firstRange(of: "://") {
+            let written = rest[..<separator.lowerBound]
+            guard let stated = SecurityProtocol(rawValue: written.lowercased()) else {
+                return problem("\(shown) has scheme \(JobRules.quoted(String(written))); librdkafka knows plaintext, ssl, sasl_plaintext and sasl_ssl")
+            }
+            if let securityProtocol, stated != securityProtocol {
+                return problem("\(shown) says \(stated.rawValue), but kafka.security-protocol is \(securityProtocol.rawValue); librdkafka would drop it and every broker after it")
+            }
+            rest = rest[separator.upperBound...]
+        }
+        if let slash = rest.firstIndex(of: "/") { rest = rest[..<slash] }
+        var host = rest
+        var port: Substring?
+        if rest.hasPrefix("[") {
+            guard let end = rest.firstIndex(of: "]") else { return problem("\(shown) has no ']' after its IPv6 address") }
+            host = rest[rest.index(after: rest.startIndex)..<end]
+            let after = rest[rest.index(after: end)...]
+            if !after.isEmpty {
+                guard after.hasPrefix(":") else { return problem("\(shown): only :port may follow ']'") }
+                port = after.dropFirst()
+            }
+        } else if rest.filter({ $0 == ":" }).count > 1 {
+            // librdkafka would read "::1:9092" as the address ::1:9092 on port 9092.
+            return problem("\(shown): an IPv6 address needs brackets, as in [::1]:9092")
+        } else if let colon = rest.firstIndex(of: ":") {
+            host = rest[..<colon]
+            port = rest[rest.index(after: colon)...]
+        }
+        var number: Int?
+        if let port {
+            guard port.allSatisfy({ ("0"..."9").contains($0) }), let value = Int(port), (1...65_535).contains(value) else {
+                return problem("\(shown) has port \(JobRules.quoted(String(port))); it must be 1 to 65535")
+            }
+            number = value
+        }
+        return .success(Broker(host: String(host), port: number))
     }
 }
 

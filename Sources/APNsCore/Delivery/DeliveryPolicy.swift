@@ -88,7 +88,8 @@ public struct DeliveryPolicy: Sendable, Hashable {
     /// into another attempt, or into `failed`.
     /// `sharesSlots` says that the notification is one of a fan-out job's, whose in-flight slots
     /// are all held until every token is settled: a 429 TooManyRequests, one device's, then goes
-    /// to the retry topic at once instead of waiting in process and holding the others' slots.
+    /// to the retry topic at once instead of waiting in process and holding the others' slots
+    /// (read only for such a 429: the per-notification path does not pay for it).
     public func after(
         attempt: Int,
         result: AttemptResult,
@@ -96,7 +97,7 @@ public struct DeliveryPolicy: Sendable, Hashable {
         deadline: Int64?,
         expiration: Int64?,
         cutoffPassed: Bool = false,
-        sharesSlots: Bool = false,
+        sharesSlots: @autoclosure () -> Bool = false,
         jitter: @autoclosure () -> Double
     ) -> DeliveryDecision {
         var lastStatus: Int?
@@ -126,7 +127,7 @@ public struct DeliveryPolicy: Sendable, Hashable {
             return .finish(.expired, status: lastStatus, reason: "\(lastReason); \(Self.expiredReason(deadline: deadline, expiration: expiration, cutoff: cutoff, nextAttemptIn: delay))")
         }
         let oneDeviceThrottled = if case .answered(429, .tooManyRequests?) = result { true } else { false }
-        if attempt < retry.inProcessAttempts, !(sharesSlots && oneDeviceThrottled) {
+        if attempt < retry.inProcessAttempts, !(oneDeviceThrottled && sharesSlots()) {
             return .retryInProcess(afterMilliseconds: delay, lastReason: lastReason)
         }
         return .retryLater(notBefore: notBefore, lastReason: lastReason)
