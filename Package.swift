@@ -283,6 +283,7 @@ let package = Package(
                 "APNsSimulator",
                 "APNsHTTP2",
                 "APNsCore",
+                "FleetTestSupport",
                 "ProcessLaunch",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -303,6 +304,7 @@ let package = Package(
                 "APNsSimulator",
                 "APNsCore",
                 "APNsHTTP2",
+                "FleetTestSupport",
                 "ProcessLaunch",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -355,7 +357,7 @@ let package = Package(
         ),
         .testTarget(
             name: "APNsFleetConfigTests",
-            dependencies: ["APNsFleetConfig", "APNsCore", .product(name: "Configuration", package: "swift-configuration")],
+            dependencies: ["APNsFleetConfig", "APNsCore", "FleetTestSupport", .product(name: "Configuration", package: "swift-configuration")],
             swiftSettings: strictSettings
         ),
         // Reliability: kills, Kafka faults and APNs faults against real processes, "nothing lost"

@@ -1,5 +1,6 @@
 import APNsCore
 import APNsSimulator
+import FleetTestSupport
 import Foundation
 import NIOCore
 import Testing
@@ -35,7 +36,7 @@ struct ResponseAndConfigurationTests {
 
     @Test("Missing or wrong credentials are clear errors that name the file, not the key")
     func credentials() throws {
-        let directory = NSTemporaryDirectory() + "apns-client-config-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-client-config")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let missing = directory + "/AuthKey_NOPE.p8"

@@ -1,4 +1,5 @@
 import APNsCore
+import FleetTestSupport
 import Foundation
 import Logging
 import NIOCore
@@ -15,7 +16,7 @@ struct ClientTestCredentials {
     let summary: DevCredentials.Summary
 
     static func make() throws -> ClientTestCredentials {
-        let directory = NSTemporaryDirectory() + "apns-client-tests-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-client-tests")
         let credentials = try DevCredentials.generate(topic: "com.example.app")
         let summary = try credentials.write(to: directory)
         return ClientTestCredentials(directory: directory, credentials: credentials, summary: summary)

@@ -1,14 +1,15 @@
 import APNsCore
 import APNsFleetConfig
 import Configuration
+import FleetTestSupport
 import Foundation
 import Synchronization
 import Testing
 
 private func temporaryFile(_ name: String, _ contents: String, mode: Int = 0o600) throws -> String {
-    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("apns-fleet-config-\(UUID().uuidString)")
-    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-    let path = directory.appendingPathComponent(name).path
+    let directory = temporaryTestPath("apns-fleet-config")
+    try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    let path = (directory as NSString).appendingPathComponent(name)
     try Data(contents.utf8).write(to: URL(fileURLWithPath: path))
     try FileManager.default.setAttributes([.posixPermissions: mode], ofItemAtPath: path)
     return path

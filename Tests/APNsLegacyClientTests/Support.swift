@@ -1,6 +1,7 @@
 import APNsCore
 import APNsLegacyClient
 import APNsSimulator
+import FleetTestSupport
 import Foundation
 import Logging
 import NIOCore
@@ -15,7 +16,7 @@ struct LegacyTestCredentials {
     let summary: DevCredentials.Summary
 
     static func make() throws -> LegacyTestCredentials {
-        let directory = NSTemporaryDirectory() + "apns-legacy-tests-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-legacy-tests")
         let credentials = try DevCredentials.generate(topic: "com.example.app")
         let summary = try credentials.write(to: directory)
         return LegacyTestCredentials(directory: directory, credentials: credentials, summary: summary)

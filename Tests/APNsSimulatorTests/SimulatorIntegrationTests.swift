@@ -1,5 +1,6 @@
 import APNsCore
 import Crypto
+import FleetTestSupport
 import Foundation
 import ProcessLaunch
 import Testing
@@ -13,7 +14,7 @@ struct TestCredentials {
     let summary: DevCredentials.Summary
 
     static func make() throws -> TestCredentials {
-        let directory = NSTemporaryDirectory() + "apns-sim-tests-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-sim-tests")
         let credentials = try DevCredentials.generate(topic: "com.example.app")
         let summary = try credentials.write(to: directory)
         return TestCredentials(directory: directory, credentials: credentials, summary: summary)
@@ -41,7 +42,7 @@ enum ChildProcess {
     }
 
     static func run(_ executable: String, _ arguments: [String], timeout: Duration = .seconds(60)) async throws -> Output {
-        let outputPath = NSTemporaryDirectory() + "apns-sim-child-" + UUID().uuidString
+        let outputPath = temporaryTestPath("apns-sim-child")
         defer { try? FileManager.default.removeItem(atPath: outputPath) }
         let process = try LaunchedProcess(
             executable: executable, arguments: arguments,

@@ -41,7 +41,7 @@ struct CommandUsageErrorTests {
 
     @Test("refused with exit status 2, naming the flag", arguments: cases)
     func refused(_ item: Case) async throws {
-        let directory = NSTemporaryDirectory() + "apns-fleet-usage-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-usage")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try "kafka:\n  group-id: usage\n".write(toFile: (directory as NSString).appendingPathComponent("empty.yaml"), atomically: true, encoding: .utf8)

@@ -30,7 +30,7 @@ struct FeedbackWorkerTests {
         logger.logLevel = .warning
 
         // The legacy feedback service over TLS; it reports two tokens the app no longer serves.
-        let directory = NSTemporaryDirectory() + "apns-fleet-feedback-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-feedback")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let credentials = try DevCredentials.generate(topic: "com.example.legacy")
         let summary = try credentials.write(to: directory)

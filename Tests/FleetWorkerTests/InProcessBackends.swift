@@ -1,5 +1,6 @@
 import APNsCore
 import APNsSimulator
+import FleetTestSupport
 import Foundation
 import KafkaTransport
 import Logging
@@ -21,7 +22,7 @@ struct InProcessBackends: Sendable {
         name: String, jobPartitions: Int, otherPartitions: Int, behaviour: (inout APNsSimulatorConfiguration.Behaviour) -> Void = { _ in },
         logger: Logger
     ) async throws -> InProcessBackends {
-        let directory = NSTemporaryDirectory() + "apns-fleet-\(name)-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-\(name)")
         let credentials = try DevCredentials.generate(topic: "com.example.app")
         let summary = try credentials.write(to: directory)
         var simulatorConfiguration = try credentials.simulatorConfiguration()

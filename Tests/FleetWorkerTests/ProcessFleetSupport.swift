@@ -83,7 +83,7 @@ struct ProcessFleetBackends {
         var logger = Logger(label: "\(name)-test")
         logger.logLevel = .warning
         let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-\(name)-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-\(name)")
         let kafka = try await KafkaDevProcess.start(binary: binary, partitions: partitions)
         do {
             let credentials = try DevCredentials.generate(topic: "com.example.app")

@@ -30,7 +30,7 @@ struct SecretHygieneTests {
         var logger = Logger(label: "secret-hygiene-test")
         logger.logLevel = .warning
         let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-secrets-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-secrets")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 2)
         defer { kafka.process.kill() }
@@ -125,7 +125,7 @@ struct SecretHygieneTests {
     @Test("a worker that cannot start says why without printing its secrets; a bad Kafka CA is fatal; a world-readable key is warned about")
     func configurationErrors() async throws {
         let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-secrets-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-secrets")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let summary = try DevCredentials.generate(topic: "com.example.app").write(to: directory)

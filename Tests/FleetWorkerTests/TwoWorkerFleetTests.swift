@@ -15,7 +15,7 @@ struct TwoWorkerFleetTests {
         var logger = Logger(label: "two-worker-test")
         logger.logLevel = .warning
         let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-two-workers-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-two-workers")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let partitions = 8
         let kafka = try await KafkaDevProcess.start(binary: binary, partitions: partitions)

@@ -13,7 +13,7 @@ struct ValidateJobCommandTests {
     /// Runs validate-job with `arguments` in a fresh directory holding `files`; the output
     /// lines (standard output and error) and the exit status.
     private func run(_ arguments: [String], files: [String: String]) async throws -> (lines: [String], status: Int32) {
-        let directory = NSTemporaryDirectory() + "apns-fleet-validate-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-validate")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         for (name, text) in files {
@@ -124,7 +124,7 @@ struct SendCommandInputTests {
 extension SendCommandInputTests {
     @Test("a server that never answers the TLS handshake: send says so within --timeout, exit 1")
     func noConnectionWithinTimeout() async throws {
-        let directory = NSTemporaryDirectory() + "apns-fleet-send-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-send")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let summary = try DevCredentials.generate(topic: "com.example.app").write(to: directory)
         // Accepts TCP, reads and drops every byte: the handshake neither completes nor fails.
@@ -149,7 +149,7 @@ struct PublishCommandInputTests {
     @Test("a file with CRLF line ends is read line by line, and invalid UTF-8 is refused, not replaced")
     func crlfAndInvalidUTF8() async throws {
         let token = String(repeating: "ab", count: 32)
-        let directory = NSTemporaryDirectory() + "apns-fleet-publish-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-publish")
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let good = Array(#"{"token":"\#(token)","payload":{}}"#.utf8)
@@ -185,7 +185,7 @@ struct PublishCommandInputTests {
 
     @Test("a TLS file librdkafka cannot load is a configuration error too: exit 2, naming the settings")
     func unusableCAFile() async throws {
-        let path = NSTemporaryDirectory() + "apns-fleet-not-a-ca-" + UUID().uuidString + ".pem"
+        let path = temporaryTestPath("apns-fleet-not-a-ca") + ".pem"
         try Data("not a certificate\n".utf8).write(to: URL(fileURLWithPath: path))
         defer { try? FileManager.default.removeItem(atPath: path) }
         let command = ChildProcess("/bin/sh", [

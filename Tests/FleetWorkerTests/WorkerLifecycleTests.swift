@@ -91,7 +91,7 @@ struct WorkerLifecycleTests {
         var logger = Logger(label: "worker-lifecycle-test")
         logger.logLevel = .warning
         let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-metrics-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-metrics")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 4, console: true)
         defer { kafka.process.kill() }

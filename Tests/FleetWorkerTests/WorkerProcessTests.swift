@@ -15,7 +15,7 @@ struct WorkerProcessTests {
         var logger = Logger(label: "worker-process-test")
         logger.logLevel = .warning
         let binary = try apnsFleetBinary()
-        let directory = NSTemporaryDirectory() + "apns-fleet-worker-process-" + UUID().uuidString
+        let directory = temporaryTestPath("apns-fleet-worker-process")
         defer { try? FileManager.default.removeItem(atPath: directory) }
 
         let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 4)

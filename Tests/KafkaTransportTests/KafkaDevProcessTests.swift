@@ -9,8 +9,7 @@ struct KafkaDevProcessTests {
         let binary = try apnsFleetBinary()
         let kcat = "/usr/bin/kcat"
         try #require(FileManager.default.isExecutableFile(atPath: kcat), "kcat is installed (apt-get install kcat)")
-        let bootstrapFile = FileManager.default.temporaryDirectory
-            .appendingPathComponent("kafka-dev-\(UUID().uuidString).bootstrap").path
+        let bootstrapFile = temporaryTestPath("kafka-dev") + ".bootstrap"
         defer { try? FileManager.default.removeItem(atPath: bootstrapFile) }
 
         let dev = ChildProcess(binary, ["kafka-dev", "--brokers", "2", "--partitions", "3", "--bootstrap-file", bootstrapFile])

@@ -131,7 +131,7 @@ struct SimulatorFaultEndpointTests {
 
     @Test("Through the APNs client: a 500 burst, late answers, a reset and close_notify, then 200s again")
     func throughTheClient() async throws {
-        let directory = NSTemporaryDirectory() + "simulator-fault-endpoints-" + UUID().uuidString
+        let directory = temporaryTestPath("simulator-fault-endpoints")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let credentials = try DevCredentials.generate(topic: "com.example.app")
         let summary = try credentials.write(to: directory)
