@@ -447,15 +447,12 @@ struct FleetConfigurationDecoder {
         )
     }
 
-    /// A Kafka topic name: 1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or `..` (Kafka's own rule,
-    /// checked here so that the error names the key rather than surfacing from librdkafka).
+    /// A Kafka topic name (``TopicNames/problem(with:)``), checked here so that the error names
+    /// the key rather than surfacing from librdkafka.
     private func topicName(_ key: String, default defaultValue: String) throws(ConfigurationError) -> String {
         let value = try name(key, default: defaultValue)
-        if let bad = value.unicodeScalars.first(where: { !(("0"..."9").contains($0) || ("a"..."z").contains($0) || ("A"..."Z").contains($0) || $0 == "." || $0 == "_" || $0 == "-") }) {
-            throw ConfigurationError(key: key, "is \"\(value.prefix(60))\"; a Kafka topic name may only use letters, digits, '.', '_' and '-', not '\(bad)'")
-        }
-        guard value.utf8.count <= 249, value != ".", value != ".." else {
-            throw ConfigurationError(key: key, "is not a Kafka topic name: at most 249 characters, and not '.' or '..'")
+        if let problem = TopicNames.problem(with: value) {
+            throw ConfigurationError(key: key, "is \"\(value.prefix(60))\"; \(problem)")
         }
         return value
     }

@@ -1,5 +1,7 @@
+import APNsCore
 import CRdKafka
 import Logging
+import Synchronization
 
 /// librdkafka's in-process mock Kafka cluster (`rdkafka_mock.h`): brokers listening on 127.0.0.1
 /// at random ports, reachable by any Kafka client, with fault injection.
@@ -19,6 +21,10 @@ public final class MockKafkaCluster: @unchecked Sendable {
     public let brokerCount: Int
     /// `host:port,host:port,...` of the brokers.
     public let bootstrapServers: String
+    /// Partition counts of the topics created here. librdkafka checks neither the topic nor the
+    /// partition of a leader move: an unknown topic is created on the spot, and a negative
+    /// partition writes outside its array.
+    private let createdTopics = Mutex<[String: Int]>([:])
 
     public init(brokers: Int, logger: Logger = Logger(label: "kafka.mock")) throws(KafkaError) {
         guard brokers >= 1 else {
@@ -45,6 +51,9 @@ public final class MockKafkaCluster: @unchecked Sendable {
 
     /// Creates a topic (the mock cluster implements no CreateTopics request).
     public func createTopic(_ name: String, partitions: Int, replicationFactor: Int = 1) throws(KafkaError) {
+        if let problem = TopicNames.problem(with: name) {
+            throw KafkaError(code: .invalidArgument, message: "topic \"\(name.prefix(60))\": \(problem)")
+        }
         guard (1...100_000).contains(partitions), replicationFactor >= 1, replicationFactor <= brokerCount else {
             throw KafkaError(
                 code: .invalidArgument,
@@ -52,6 +61,7 @@ public final class MockKafkaCluster: @unchecked Sendable {
             )
         }
         try check(rd_kafka_mock_topic_create(cluster, name, Int32(partitions), Int32(replicationFactor)), "create topic \(name)")
+        createdTopics.withLock { $0[name] = partitions }
     }
 
     /// Takes a broker down: its connections close and it refuses new ones until ``setBrokerUp(_:)``.
@@ -89,8 +99,16 @@ public final class MockKafkaCluster: @unchecked Sendable {
     }
 
     /// Moves the leadership of a partition to a broker.
+    /// The topic must be one created by ``createTopic(_:partitions:replicationFactor:)``.
     public func setPartitionLeader(topic: String, partition: Int32, broker: Int32) throws(KafkaError) {
         try checkBroker(broker)
+        let (count, known) = createdTopics.withLock { ($0[topic], $0.keys.sorted()) }
+        guard let count else {
+            throw KafkaError(code: .invalidArgument, message: "no topic \"\(topic.prefix(60))\" was created here (created: \(known.joined(separator: ", ")))")
+        }
+        guard partition >= 0, partition < count else {
+            throw KafkaError(code: .invalidArgument, message: "no partition \(partition) in \(topic): its partitions are 0...\(count - 1)")
+        }
         try check(rd_kafka_mock_partition_set_leader(cluster, topic, partition, broker), "move the leader of \(topic)[\(partition)]")
     }
 

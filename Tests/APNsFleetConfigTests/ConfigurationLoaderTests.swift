@@ -292,7 +292,7 @@ struct ConfigurationLoaderTests {
              "configuration key 'topics.results': is apns.jobs.retry, the same topic as topics.retry; each of the five topics must be its own"),
             (["APNS_FLEET_TOPICS_JOBS": "apns/jobs:x"],
              "configuration key 'topics.jobs': is \"apns/jobs:x\"; a Kafka topic name may only use letters, digits, '.', '_' and '-', not '/'"),
-            (["APNS_FLEET_TOPICS_RETRY": ".."], "configuration key 'topics.retry': is not a Kafka topic name: at most 249 characters, and not '.' or '..'"),
+            (["APNS_FLEET_TOPICS_RETRY": ".."], "configuration key 'topics.retry': is \"..\"; a Kafka topic name has 1 to 249 characters, and is not '.' or '..'"),
             // Settings the chosen mode would ignore: a simulator's host left in without
             // `environment: custom` would send the jobs to Apple.
             (["APNS_FLEET_APPS": "a", "APNS_FLEET_APP_A_KEY_FILE": "/k.p8", "APNS_FLEET_APP_A_KEY_ID": "ABC123DEFG", "APNS_FLEET_APP_A_TEAM_ID": "DEF123GHIJ", "APNS_FLEET_APP_A_HOST": "simulator"],

@@ -37,6 +37,8 @@ struct CommandUsageErrorTests {
             message: "--port must be 1 to 65535"
         ),
         Case(arguments: ["validate-job", "--config", "empty.yaml", "jobs.jsonl"], message: "no app is configured in empty.yaml"),
+        Case(arguments: ["kafka-dev", "--topic", "apns.jobs,apns.results"], message: "--topic \"apns.jobs,apns.results\": a Kafka topic name may only use letters, digits, '.', '_' and '-', not ','"),
+        Case(arguments: ["kafka-dev", "--topic", "apns.jobs", "--topic", "apns.jobs"], message: "--topic apns.jobs is given twice"),
     ]
 
     @Test("refused with exit status 2, naming the flag", arguments: cases)

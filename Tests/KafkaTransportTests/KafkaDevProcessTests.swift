@@ -51,8 +51,10 @@ struct KafkaDevProcessTests {
         #expect(try await consumer.waitForExit() == 0)
         #expect(consumer.lines.value.sorted() == ["k1=hello", "k2=world", "k3=third", "swift=from-swift"])
 
-        // SIGTERM stops it cleanly.
+        // SIGTERM stops it cleanly, and takes its address out of the file: a script waiting for
+        // the file must not read ports nobody listens on.
         dev.terminate()
         #expect(try await dev.waitForExit(timeout: 30) == 0)
+        #expect(!FileManager.default.fileExists(atPath: bootstrapFile), "the bootstrap file outlived kafka-dev")
     }
 }

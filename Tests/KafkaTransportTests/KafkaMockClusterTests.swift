@@ -662,6 +662,13 @@ struct KafkaMockClusterTests {
         #expect(console.execute("request-errors Bogus 1 NOT_LEADER_FOR_PARTITION").hasPrefix("error: unknown API"))
         #expect(console.execute("rtt 1") == "error: usage: rtt BROKER MILLISECONDS")
         #expect(console.execute("launch-missiles").hasPrefix("error: unknown command"))
+        // librdkafka checks neither: a typo would create a topic, a negative partition corrupt memory.
+        #expect(console.execute("leader consloe 0 2") == "error: no topic \"consloe\" was created here (created: console, extra)")
+        #expect(console.execute("leader console -1 2") == "error: no partition -1 in console: its partitions are 0...1")
+        #expect(console.execute("leader console 2 2") == "error: no partition 2 in console: its partitions are 0...1")
+        #expect(console.execute("create-topic apns.jobs,apns.results 4")
+            == "error: topic \"apns.jobs,apns.results\": a Kafka topic name may only use letters, digits, '.', '_' and '-', not ','")
+        #expect(console.execute("create-topic .. 4") == "error: topic \"..\": a Kafka topic name has 1 to 249 characters, and is not '.' or '..'")
     }
 }
 

@@ -322,6 +322,19 @@ public struct TopicNames: Sendable, Hashable {
     }
 
     public var all: [String] { [jobs, retry, deadLetter, results, tokenEvents] }
+
+    /// Why `name` is not a Kafka topic name, or nil when it is one: 1 to 249 of
+    /// `a-z A-Z 0-9 . _ -`, not `.` or `..` (Kafka's own rule). Checked before a name reaches
+    /// librdkafka, whose mock cluster takes any string (a comma, an empty name).
+    public static func problem(with name: String) -> String? {
+        if let bad = name.unicodeScalars.first(where: { !(("0"..."9").contains($0) || ("a"..."z").contains($0) || ("A"..."Z").contains($0) || $0 == "." || $0 == "_" || $0 == "-") }) {
+            return "a Kafka topic name may only use letters, digits, '.', '_' and '-', not '\(bad)'"
+        }
+        guard !name.isEmpty, name.utf8.count <= 249, name != ".", name != ".." else {
+            return "a Kafka topic name has 1 to 249 characters, and is not '.' or '..'"
+        }
+        return nil
+    }
 }
 
 /// One credential set: a team's key or certificate, its topics and where its APNs is.

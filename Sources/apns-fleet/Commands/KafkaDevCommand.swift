@@ -1,3 +1,4 @@
+import APNsCore
 import ArgumentParser
 import Foundation
 import KafkaTransport
@@ -29,8 +30,13 @@ struct KafkaDevCommand: AsyncParsableCommand {
               request-errors Produce 3 NOT_LEADER_FOR_PARTITION | clear-request-errors Produce
               create-topic NAME PARTITIONS [RF] | bootstrap | help
 
+            The bootstrap file is removed as kafka-dev starts and when it stops, so a script \
+            that waits for the file never reads an earlier run's ports.
+
             Example:
+              rm -f /tmp/kafka.bootstrap
               apns-fleet kafka-dev --brokers 3 --partitions 12 --bootstrap-file /tmp/kafka.bootstrap --no-stdin &
+              until [ -s /tmp/kafka.bootstrap ]; do sleep 0.1; done
               kcat -b "$(cat /tmp/kafka.bootstrap)" -L
               echo hello | kcat -b "$(cat /tmp/kafka.bootstrap)" -P -t apns.jobs
               kcat -b "$(cat /tmp/kafka.bootstrap)" -C -t apns.jobs -e
@@ -73,6 +79,13 @@ struct KafkaDevCommand: AsyncParsableCommand {
             throw ValidationError("--replication-factor must be 1...\(brokers) (the broker count), not \(replicationFactor)")
         }
         guard Logger.Level(rawValue: logLevel) != nil else { throw ValidationError("unknown --log-level '\(logLevel)'") }
+        var seen = Set<String>()
+        for topic in topics {
+            if let problem = TopicNames.problem(with: topic) {
+                throw ValidationError("--topic \"\(topic.prefix(60))\": \(problem) (repeat --topic for several topics)")
+            }
+            guard seen.insert(topic).inserted else { throw ValidationError("--topic \(topic) is given twice") }
+        }
     }
 
     func run() async throws {
@@ -80,6 +93,10 @@ struct KafkaDevCommand: AsyncParsableCommand {
         var logger = Logger(label: "kafka-dev") { label in StreamLogHandler.standardError(label: label) }
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .notice
 
+        // An earlier run's file (one killed before it could remove it) names ports nobody
+        // listens on any more: gone before anything else, so a script waiting for the file
+        // reads this run's address.
+        if let bootstrapFile { unlink(bootstrapFile) }
         let cluster = try MockKafkaCluster(brokers: brokers, logger: logger)
         let topicNames = topics.isEmpty ? Self.projectTopics : topics
         for topic in topicNames {
@@ -109,6 +126,10 @@ struct KafkaDevCommand: AsyncParsableCommand {
             // servers, and a failure above (an unwritable bootstrap file) ends the process
             // before a thread blocks in a read of stdin.
             if !noStdin {
+                // Started in the background of an interactive shell, the first read of the
+                // terminal would stop the whole process (SIGTTIN), brokers included; ignored,
+                // the read fails instead and only the command reader ends.
+                signal(SIGTTIN, SIG_IGN)
                 let console = MockClusterConsole(cluster: cluster)
                 // stdin is read with blocking calls, so on its own thread. At shutdown the
                 // process exits with the thread still blocked in read(2), which is harmless.
@@ -131,7 +152,13 @@ struct KafkaDevCommand: AsyncParsableCommand {
                 logger: logger
             )
         )
-        try await group.run()
+        do {
+            try await group.run()
+        } catch {
+            Self.removeBootstrapFile(bootstrapFile, naming: cluster.bootstrapServers)
+            throw error
+        }
+        Self.removeBootstrapFile(bootstrapFile, naming: cluster.bootstrapServers)
         logger.notice("kafka-dev stopped")
         // `_exit`, not a return through `exit`: the stdin thread keeps the cluster (and its
         // broker threads) alive, and atexit handlers (OpenSSL's cleanup among them) must not run
@@ -143,14 +170,30 @@ struct KafkaDevCommand: AsyncParsableCommand {
 
     private static func writeAtomically(_ text: String, to path: String) throws {
         let temporary = path + ".tmp-\(getpid())"
-        guard FileManager.default.createFile(atPath: temporary, contents: Data(text.utf8)) else {
-            throw CommandFailure("cannot write the bootstrap file \(temporary)")
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+        guard descriptor >= 0 else {
+            throw CommandFailure("cannot write the bootstrap file \(path): \(String(cString: strerror(errno)))")
+        }
+        do {
+            try FileHandle(fileDescriptor: descriptor, closeOnDealloc: true).write(contentsOf: Data(text.utf8))
+        } catch {
+            unlink(temporary)
+            throw CommandFailure("cannot write the bootstrap file \(path): \(error.localizedDescription)")
         }
         guard rename(temporary, path) == 0 else {
             let reason = String(cString: strerror(errno))
             unlink(temporary)
             throw CommandFailure("cannot move the bootstrap file into place at \(path): \(reason)")
         }
+    }
+
+    /// Removes the bootstrap file at exit, unless another kafka-dev has written its own address
+    /// there meanwhile.
+    private static func removeBootstrapFile(_ path: String?, naming servers: String) {
+        guard let path, let contents = FileManager.default.contents(atPath: path),
+            String(decoding: contents, as: UTF8.self) == servers + "\n"
+        else { return }
+        unlink(path)
     }
 }
 

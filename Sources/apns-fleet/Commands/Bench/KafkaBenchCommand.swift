@@ -21,8 +21,10 @@ struct KafkaBenchCommand: AsyncParsableCommand {
             it an in-process mock cluster is used, whose broker threads are counted too.
 
             Example:
+              rm -f /tmp/kafka.bootstrap
               apns-fleet kafka-dev --partitions 32 --topic bench.in --topic bench.out \\
                 --bootstrap-file /tmp/kafka.bootstrap --no-stdin &
+              until [ -s /tmp/kafka.bootstrap ]; do sleep 0.1; done
               apns-fleet bench kafka --bootstrap "$(cat /tmp/kafka.bootstrap)" --messages 200000
             """
     )
