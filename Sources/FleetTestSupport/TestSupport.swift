@@ -80,6 +80,10 @@ public final class ChildProcess: Sendable {
     private var name: String { (executable as NSString).lastPathComponent }
 
     public func start() throws {
+        // An apns-fleet child (kafka-dev, the simulator, a worker) stops itself once this
+        // process is gone, even if it crashed: a test run that dies leaves nothing running.
+        var environment = environment ?? ProcessInfo.processInfo.environment
+        environment["APNS_FLEET_PARENT_PID"] = String(getpid())
         let process = try LaunchedProcess(
             executable: executable, arguments: arguments, environment: environment,
             standardInput: .pipe, standardOutput: .pipe, standardError: .pipe

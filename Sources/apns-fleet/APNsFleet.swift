@@ -41,6 +41,8 @@ struct APNsFleet: AsyncParsableCommand {
     /// Runs the command, mapping usage errors to exit status 2 (argument-parser's default is 64),
     /// so that scripts can tell "you called me wrong" from "the input is invalid" (1).
     static func main() async {
+        // A kafka-dev, simulator or worker that the demo or a benchmark started ends with it.
+        SpawnedProcess.stopWhenParentExits()
         do {
             var command = try parseAsRoot()
             if var asyncCommand = command as? any AsyncParsableCommand {

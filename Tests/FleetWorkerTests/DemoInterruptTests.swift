@@ -10,21 +10,9 @@ import Testing
 struct DemoInterruptTests {
     @Test("Ctrl-C on the demo stops every process it started, and it exits with 130")
     func interruptStopsTheFleet() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("demo-interrupt-\(UUID().uuidString.prefix(8))").path
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let port = try await Self.twoFreePorts()
-        let demo = ChildProcess("/bin/sh", [
-            "-c", #"exec "$0" demo --dir "$1" --jobs 1000000 --rate 2000 --metrics-port "$2" 2>&1"#,
-            try apnsFleetBinary(), directory, String(port),
-        ])
-        try demo.start()
+        let directory = temporaryTestPath("demo-interrupt")
+        let demo = try await Self.startDemo(in: directory)
         defer { demo.kill() }
-        try await waitUntil("the demo's fleet to be up (or the demo to exit)", timeout: 90) {
-            demo.lines.value.contains { $0.contains("While it runs, look at") } || !demo.isRunning
-        }
-        try #require(demo.isRunning, "the demo exited before its fleet was up: \(demo.lines.value.suffix(8))")
-        let started = Self.processes(mentioning: directory)
-        #expect(started.count >= 4, "kafka-dev, the simulator, a worker and the feedback worker: \(started)")
         demo.signal(SIGINT)
         let status = try await demo.waitForExit(timeout: 60)
         #expect(status == 130, "exit status \(status); output ends: \(demo.lines.value.suffix(5))")
@@ -33,6 +21,42 @@ struct DemoInterruptTests {
         let left = Self.processes(mentioning: directory)
         #expect(left.isEmpty, "still running after the demo exited: \(left)")
         for pid in left { kill(pid, SIGKILL) }
+    }
+
+    @Test("a demo killed outright (SIGKILL, a crash) leaves nothing behind: its processes stop once their parent is gone")
+    func killedDemoTakesItsFleetWithIt() async throws {
+        let directory = temporaryTestPath("demo-killed")
+        let demo = try await Self.startDemo(in: directory)
+        defer { demo.kill() }
+        demo.signal(SIGKILL)
+        _ = try await demo.waitForExit(timeout: 30)
+        // Each notices within a second, then stops as on SIGTERM (a worker drains first).
+        let stopped = await (try? waitUntil("the demo's processes to stop", timeout: 60) { Self.processes(mentioning: directory).isEmpty }) != nil
+        let left = Self.processes(mentioning: directory)
+        #expect(stopped, "still running a minute after the demo was killed: \(left)")
+        for pid in left { kill(pid, SIGKILL) }
+    }
+
+    /// `apns-fleet demo` as a user starts it, once its fleet (at least four processes) is up.
+    static func startDemo(in directory: String) async throws -> ChildProcess {
+        let port = try await Self.twoFreePorts()
+        let demo = ChildProcess("/bin/sh", [
+            "-c", #"exec "$0" demo --dir "$1" --jobs 1000000 --rate 2000 --metrics-port "$2" 2>&1"#,
+            try apnsFleetBinary(), directory, String(port),
+        ])
+        try demo.start()
+        do {
+            try await waitUntil("the demo's fleet to be up (or the demo to exit)", timeout: 90) {
+                demo.lines.value.contains { $0.contains("While it runs, look at") } || !demo.isRunning
+            }
+            try #require(demo.isRunning, "the demo exited before its fleet was up: \(demo.lines.value.suffix(8))")
+            let started = Self.processes(mentioning: directory)
+            try #require(started.count >= 4, "kafka-dev, the simulator, a worker and the feedback worker: \(started)")
+        } catch {
+            demo.kill()
+            throw error
+        }
+        return demo
     }
 
     /// A port whose next one is free too (the push worker's admin port and the feedback

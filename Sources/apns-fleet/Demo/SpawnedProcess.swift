@@ -8,7 +8,9 @@ import UnixSignals
 ///
 /// Each child runs in a process group of its own, so Ctrl-C reaches only the parent: call
 /// ``stopChildrenOnSignal()`` first, or an interrupted demo leaves kafka-dev, the simulator and
-/// the workers running.
+/// the workers running. A parent that dies without a signal it can catch (SIGKILL, a crash)
+/// takes its children with it too: each gets ``parentVariable`` and stops itself once its
+/// parent is gone (``stopWhenParentExits()``).
 final class SpawnedProcess: Sendable {
     /// The children started (and still running when the last one started), for a signal to stop.
     private static let launched = Mutex<[LaunchedProcess]>([])
@@ -23,6 +25,8 @@ final class SpawnedProcess: Sendable {
         guard FileManager.default.createFile(atPath: logPath, contents: nil) else {
             throw CommandFailure("cannot write the log file \(logPath)")
         }
+        var environment = environment ?? ProcessInfo.processInfo.environment
+        environment[Self.parentVariable] = String(getpid())
         do {
             process = try LaunchedProcess(
                 executable: Self.executablePath, arguments: arguments, environment: environment,
@@ -43,34 +47,58 @@ final class SpawnedProcess: Sendable {
     /// the run must not report as a failure (see ``holdIfInterrupted()``).
     private static let interrupted = Atomic<Bool>(false)
 
-    /// On SIGINT or SIGTERM: SIGTERM to every child still running, SIGKILL to those still
-    /// there after `grace` (or at once on a second signal), then exit with 128 + the signal.
-    /// The signals are trapped before this returns.
-    static func stopChildrenOnSignal(grace: Duration = .seconds(10)) async {
-        let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm)
+    /// On SIGINT, SIGTERM or SIGHUP (a closed terminal): the children are stopped newest
+    /// first, as ``LocalFleet/stop()`` does, so that workers drain into a Kafka and an APNs
+    /// still there: SIGTERM to each, the next once it has exited. Whatever is left after
+    /// `grace`, or at once on a second signal, gets SIGKILL; then the process exits with
+    /// 128 + the signal. The signals are trapped before this returns.
+    static func stopChildrenOnSignal(grace: Duration = .seconds(20)) async {
+        let signals = await UnixSignalsSequence(trapping: .sigint, .sigterm, .sighup)
         Task.detached {
             var first: UnixSignal?
             for await signal in signals {
                 interrupted.store(true, ordering: .sequentiallyConsistent)
-                let children = running
                 if first == nil {
                     first = signal
-                    try? FileHandle.standardError.write(contentsOf: Data("\n\(signal): stopping the \(children.count) processes started (again to kill them at once)\n".utf8))
-                    for child in children { child.signal(SIGTERM) }
+                    try? FileHandle.standardError.write(contentsOf: Data("\n\(signal): stopping the \(running.count) processes started (again to kill them at once)\n".utf8))
                     Task.detached {
                         let deadline = ContinuousClock.now + grace
-                        while ContinuousClock.now < deadline, !running.isEmpty {
-                            try? await Task.sleep(for: .milliseconds(50))
+                        for child in running.reversed() {
+                            child.signal(SIGTERM)
+                            while child.isRunning, ContinuousClock.now < deadline {
+                                try? await Task.sleep(for: .milliseconds(20))
+                            }
                         }
                         for child in running { child.signal(SIGKILL) }
                         exitNow(128 + signal.rawValue)
                     }
                 } else {
-                    for child in children { child.signal(SIGKILL) }
+                    for child in running { child.signal(SIGKILL) }
                     exitNow(128 + (first ?? signal).rawValue)
                 }
             }
         }
+    }
+
+    /// The environment variable naming a child's parent (its pid), set for every child.
+    static let parentVariable = "APNS_FLEET_PARENT_PID"
+
+    /// In a child started by ``init(name:arguments:logPath:environment:)``: sends this process
+    /// SIGTERM, once, when the parent that started it has gone (the child is then adopted, and
+    /// its parent pid changes). Its own graceful stop follows, as on an operator's SIGTERM.
+    /// Checked once a second, on a thread of its own. Without the variable, or when it names
+    /// another process than the parent (a shell in between, the variable inherited from further
+    /// up), nothing happens.
+    static func stopWhenParentExits() {
+        guard let value = ProcessInfo.processInfo.environment[parentVariable], let parent = Int32(value), parent > 1,
+            getppid() == parent
+        else { return }
+        let thread = Thread {
+            while getppid() == parent { sleep(1) }
+            Glibc.kill(getpid(), SIGTERM)
+        }
+        thread.name = "parent-watch"
+        thread.start()
     }
 
     /// After an interruption, never returns: the signal's task ends the process once the
