@@ -323,6 +323,11 @@ final class ConsumerCore: @unchecked Sendable {
     /// High watermarks of paused partitions, asked of the brokers (`refreshPausedHighs`): the
     /// ones librdkafka caches come from fetches, which stop while a partition is paused.
     private var queriedHighs: [TopicPartition: Int64] = [:]
+    /// Where each assigned partition's consumption starts: the group's committed offset, read
+    /// once per assignment (`readStartingOffsets`). The lag of a partition nothing was taken
+    /// from yet (idle, or paused from its assignment on) counts from there; it has no
+    /// librdkafka position, and an idle fleet exported no lag at all.
+    private var startingOffsets: [TopicPartition: Int64] = [:]
     /// Bumped whenever records are taken or released; the stall check compares it over time
     /// (cheaper than reading the clock per record).
     private var progress: UInt64 = 0
@@ -568,16 +573,16 @@ final class ConsumerCore: @unchecked Sendable {
         // Counted from the finished prefix; before anything finished this assignment, from the
         // oldest record still in flight (a first record stuck shows its whole backlog), and only
         // with nothing in flight from librdkafka's position.
-        let snapshot: [(TopicPartition, Int64?, Int64)] = locked {
+        let snapshot: [(TopicPartition, Int64?, Int64, Int64?)] = locked {
             applyCompletionsLocked()
-            return assigned.map { ($0, tracker.storableOffset($0) ?? tracker.oldestUnfinished($0), queriedHighs[$0] ?? -1) }
+            return assigned.map { ($0, tracker.storableOffset($0) ?? tracker.oldestUnfinished($0), queriedHighs[$0] ?? -1, startingOffsets[$0]) }
         }
         guard !snapshot.isEmpty else { return [:] }
         let list = TopicPartitionList(snapshot.map(\.0))
         rd_kafka_position(rk, list.pointer)
         let positions = TopicPartitionList.read(list.pointer)
         var out: [TopicPartition: Int64] = [:]
-        for (index, (partition, storable, queried)) in snapshot.enumerated() {
+        for (index, (partition, storable, queried, starting)) in snapshot.enumerated() {
             var low: Int64 = -1
             var high: Int64 = -1
             let error = rd_kafka_get_watermark_offsets(rk, partition.topic, partition.partition, &low, &high)
@@ -585,7 +590,7 @@ final class ConsumerCore: @unchecked Sendable {
             high = max(high, queried)
             guard high >= 0 else { continue }
             let position = positions[index].1
-            guard let consumed = storable ?? (position >= 0 ? position : nil) else { continue }
+            guard let consumed = storable ?? (position >= 0 ? position : nil) ?? starting.map({ $0 == Self.fromLatest ? high : $0 }) else { continue }
             out[partition] = max(0, high - consumed)
         }
         return out
@@ -685,6 +690,7 @@ final class ConsumerCore: @unchecked Sendable {
                     nextPausedQuery = now + Self.pausedHighsInterval
                     refreshPausedHighs(rk)
                 }
+                readStartingOffsets(rk)
                 publishLag(rk)
                 reportOffsetsGoneBack()
                 let stalledSince = checkStall(now: now, last: &lastProgress)
@@ -989,6 +995,46 @@ final class ConsumerCore: @unchecked Sendable {
         }
     }
 
+    /// Stands for "the high watermark" in `startingOffsets`: no offset committed, and
+    /// `auto.offset.reset` starts such a partition at its end.
+    private static let fromLatest: Int64 = -1
+
+    /// Reads the committed offsets of assigned partitions whose start is not known yet: one
+    /// OffsetFetch per assignment, waiting 50 ms at most (the poll thread serves rebalances);
+    /// what is not answered by then is asked again a second later. Without a commit, a
+    /// partition starts where `auto.offset.reset` says: the log's start, taken as its low
+    /// watermark (0 before librdkafka knows one), or its end.
+    private func readStartingOffsets(_ rk: OpaquePointer) {
+        let unknown = locked { assigned.filter { startingOffsets[$0] == nil } }
+        guard !unknown.isEmpty else { return }
+        let list = TopicPartitionList(capacity: unknown.count)
+        for partition in unknown { list.add(partition, offset: Int64(RD_KAFKA_OFFSET_INVALID)) }
+        let error = rd_kafka_committed(rk, list.pointer, 50)
+        guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            if error != RD_KAFKA_RESP_ERR__TIMED_OUT {
+                logger.debug("could not read the committed offsets of new partitions", metadata: ["kafka.error": "\(KafkaError.errorName(error))"])
+            }
+            return
+        }
+        let fromEarliest = ["earliest", "smallest", "beginning"].contains(configuration.autoOffsetReset)
+        var starts: [TopicPartition: Int64] = [:]
+        for (partition, offset, partitionError) in TopicPartitionList.read(list.pointer) where partitionError == RD_KAFKA_RESP_ERR_NO_ERROR {
+            if offset >= 0 {
+                starts[partition] = offset
+            } else if fromEarliest {
+                var low: Int64 = -1
+                var high: Int64 = -1
+                _ = rd_kafka_get_watermark_offsets(rk, partition.topic, partition.partition, &low, &high)
+                starts[partition] = max(0, low)
+            } else {
+                starts[partition] = Self.fromLatest
+            }
+        }
+        locked {
+            for (partition, start) in starts where assigned.contains(partition) { startingOffsets[partition] = start }
+        }
+    }
+
     private func storeOffsets(_ rk: OpaquePointer, _ offsets: [(TopicPartition, Int64)]) {
         let list = TopicPartitionList(capacity: offsets.count)
         for (partition, offset) in offsets { list.add(partition, offset: offset) }
@@ -1227,7 +1273,10 @@ final class ConsumerCore: @unchecked Sendable {
         }
         locked {
             appliedPauses.subtract(partitions)
-            for partition in partitions { queriedHighs.removeValue(forKey: partition) }
+            for partition in partitions {
+                queriedHighs.removeValue(forKey: partition)
+                startingOffsets.removeValue(forKey: partition)
+            }
         }
     }
 

@@ -793,3 +793,48 @@ extension KafkaMockClusterTests {
         }
     }
 }
+
+extension KafkaMockClusterTests {
+    /// A partition nothing was taken from yet has no librdkafka position. Without a figure for
+    /// it, an idle fleet (a quiet hour after a rolling restart) exported no lag at all, and the
+    /// "no worker reports lag" alert paged; a partition paused from its assignment on hid its
+    /// backlog when the lag mattered most.
+    @Test("every assigned partition has a lag before any record is taken: an idle one 0, one paused from the start its backlog past the group's commit")
+    func lagBeforeAnyRecord() async throws {
+        let (cluster, producer) = try clusterWithProducer(topic: "quiet", partitions: 2)
+        for index in 0..<5 {
+            try await producer.send(KafkaOutgoingMessage(topic: "quiet", partition: 0, value: "first-\(index)".bytes))
+        }
+        // A first member takes the five and commits them as it leaves.
+        let first = try KafkaConsumer(configuration: consumerConfiguration(cluster, group: "quiet-group", topics: ["quiet"]), logger: testLogger)
+        let received = ReceivedRecords()
+        try await withTimeout(60, "the first member's five records") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await first.run() }
+                group.addTask { await consumeLoop(first, into: received) }
+                try await waitUntil("the five records") { received.count == 5 }
+                first.close()
+                try await group.waitForAll()
+            }
+        }
+        for index in 0..<3 {
+            try await producer.send(KafkaOutgoingMessage(topic: "quiet", partition: 0, value: "later-\(index)".bytes))
+        }
+
+        let second = try KafkaConsumer(configuration: consumerConfiguration(cluster, group: "quiet-group", topics: ["quiet"]), logger: testLogger)
+        second.pauseAll()
+        let partition0 = TopicPartition(topic: "quiet", partition: 0)
+        let partition1 = TopicPartition(topic: "quiet", partition: 1)
+        try await withTimeout(60, "the lag of partitions nothing was taken from") {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                group.addTask { try await second.run() }
+                group.addTask { for await _ in second.batches {} }
+                let found = await (try? waitUntil("a lag for both partitions", timeout: 30) { second.lag() == [partition0: 3, partition1: 0] }) != nil
+                #expect(found, "lag: \(second.lag()), assigned: \(second.assignment)")
+                second.close()
+                try await group.waitForAll()
+            }
+        }
+        await producer.shutdown(flushTimeout: .seconds(5))
+    }
+}
