@@ -63,7 +63,8 @@ struct FeedbackCommand: AsyncParsableCommand {
             "worker.id": "\(process.processID)", "kafka.group": "\(fleet.kafka.feedbackGroupID)",
             "feedback.services": "\(services.map(\.app).joined(separator: ","))",
         ])
-        await process.run([producer, admin, worker, consumer]) {
+        // Stopped in reverse order; the admin server last, as the worker's.
+        await process.run([admin, producer, worker, consumer]) {
             let atRisk = worker.eventsAtRisk
             return atRisk > 0 ? "up to \(atRisk) token events read from a legacy feedback service, which forgets what it hands out, were not acknowledged by Kafka (and any tuples the poll had read beyond them)" : nil
         }

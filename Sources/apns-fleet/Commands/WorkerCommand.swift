@@ -90,8 +90,9 @@ struct WorkerCommand: AsyncParsableCommand {
             "malloc": "\(MemoryAllocator.description)",
         ])
         // Shutdown runs in reverse order: the consumer stops first (ending the worker's input),
-        // the worker finishes in-flight work, then the APNs connections close and the producer flushes.
-        await process.run([producer, clients, legacy, admin, worker, consumer])
+        // the worker finishes in-flight work, then the APNs connections close and the producer
+        // flushes. The admin server stops last, so probes and a last scrape see the drain.
+        await process.run([admin, producer, clients, legacy, worker, consumer])
         process.exitStopped("worker stopped: results flushed", unfinished: consumer.recordsLeftUnfinished, commitFailure: consumer.lastCommitFailure)
     }
 }
