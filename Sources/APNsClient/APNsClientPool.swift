@@ -443,12 +443,20 @@ public final class APNsClientPool: Service, Sendable {
 
     private func publishGauges(_ state: borrowing State) {
         var limit = 0
-        var usable = 0
-        for entry in state.assignment.entries where entry.budget.isUsable {
-            limit += entry.budget.limit
-            usable += 1
+        var smallest: Int?
+        var connections = (connecting: 0, ready: 0, goingAway: 0)
+        for entry in state.assignment.entries {
+            if entry.budget.isUsable {
+                limit += entry.budget.limit
+                smallest = min(smallest ?? .max, entry.budget.limit)
+                connections.ready += 1
+            } else if entry.budget.goingAway {
+                connections.goingAway += 1
+            } else {
+                connections.connecting += 1
+            }
         }
-        metrics.recordPool(streamLimit: limit, usableConnections: usable, inFlight: state.assignment.inFlight)
+        metrics.recordPool(streamLimit: limit, smallestStreamLimit: smallest ?? 0, connections: connections, inFlight: state.assignment.inFlight)
     }
 }
 

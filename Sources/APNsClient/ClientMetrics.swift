@@ -17,6 +17,11 @@ import Synchronization
 /// - `apns.client.stream_limit` (gauge): the sum of the connections' stream limits.
 /// - `apns.client.connections` (counter; `event`: ready, goaway, closed, dead, retired, connect_failed).
 /// - `apns.client.connections.usable` (gauge).
+/// - `apns.client.connections.open` (gauge; `state`: connecting, ready, going_away): the pool's
+///   connections by state; one still connecting, or draining after a GOAWAY, is not usable.
+/// - `apns.client.stream_limit.min` (gauge): the smallest stream limit of a usable connection,
+///   which shows one held to a single stream (a provider token not yet accepted, a rejection)
+///   that the sum hides.
 /// - `apns.client.tokens_minted` (counter).
 final class ClientMetrics: Sendable {
     let app: String
@@ -26,6 +31,8 @@ final class ClientMetrics: Sendable {
     let waiting: Gauge
     let streamLimit: Gauge
     let usableConnections: Gauge
+    let smallestStreamLimit: Gauge
+    private let connectionsByState: (connecting: Gauge, ready: Gauge, goingAway: Gauge)
     let tokensMinted: Counter
     private let ok: Counter
     private let answers = Mutex<[String: Counter]>([:])
@@ -42,6 +49,12 @@ final class ClientMetrics: Sendable {
         waiting = Gauge(label: "apns.client.waiting", dimensions: dimensions)
         streamLimit = Gauge(label: "apns.client.stream_limit", dimensions: dimensions)
         usableConnections = Gauge(label: "apns.client.connections.usable", dimensions: dimensions)
+        smallestStreamLimit = Gauge(label: "apns.client.stream_limit.min", dimensions: dimensions)
+        connectionsByState = (
+            Gauge(label: "apns.client.connections.open", dimensions: dimensions + [("state", "connecting")]),
+            Gauge(label: "apns.client.connections.open", dimensions: dimensions + [("state", "ready")]),
+            Gauge(label: "apns.client.connections.open", dimensions: dimensions + [("state", "going_away")])
+        )
         tokensMinted = Counter(label: "apns.client.tokens_minted", dimensions: dimensions)
         ok = Counter(label: "apns.client.requests", dimensions: [("app", app), ("environment", environment), ("status", "200"), ("reason", "")])
     }
@@ -81,9 +94,13 @@ final class ClientMetrics: Sendable {
         if answeredOK > 0 { ok.increment(by: answeredOK) }
     }
 
-    func recordPool(streamLimit: Int, usableConnections: Int, inFlight: Int) {
+    func recordPool(streamLimit: Int, smallestStreamLimit: Int, connections: (connecting: Int, ready: Int, goingAway: Int), inFlight: Int) {
         self.streamLimit.record(streamLimit)
-        self.usableConnections.record(usableConnections)
+        self.smallestStreamLimit.record(smallestStreamLimit)
+        usableConnections.record(connections.ready)
+        connectionsByState.connecting.record(connections.connecting)
+        connectionsByState.ready.record(connections.ready)
+        connectionsByState.goingAway.record(connections.goingAway)
         self.inFlight.record(inFlight)
     }
 

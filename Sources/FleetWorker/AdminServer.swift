@@ -167,6 +167,8 @@ final class AdminHandler: ChannelInboundHandler {
             // HTTP/1.0, or `Connection: close`: the client expects the server to close.
             let keepAlive = head.isKeepAlive
             if !keepAlive { headers.add(name: "connection", value: "close") }
+            // RFC 9110: a 405 says which methods the resource takes.
+            if status == .methodNotAllowed { headers.add(name: "allow", value: "GET, HEAD") }
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
             // A HEAD answer has the GET's headers and no body (one would corrupt a kept-alive connection).
             if head.method != .HEAD {

@@ -708,6 +708,7 @@ public final class PushWorker: Service, Sendable {
                 attempts: attempt, latency: progress.totalLatency, send: sent, at: decidedAt
             )))
         case .retryInProcess(let delay, let lastReason):
+            Counter(label: "apns.worker.retries.in_process", dimensions: [("app", job.appName)]).increment()
             logger.debug("retrying in process", metadata: [
                 "job.id": "\(job.jobID)", "apns.token": "\(Self.shortToken(token.hex))", "apns.app": "\(job.appName)",
                 "apns.attempt": "\(attempt)", "apns.last_reason": "\(lastReason)", "apns.delay_ms": "\(delay)",

@@ -106,6 +106,14 @@ struct PipelineWatchTests {
             #expect(answered.closed && ContinuousClock.now - asked < .seconds(5), "closed after the answer, not at the 30 s timeout")
             #expect(answered.text.contains("ok") && answered.text.lowercased().contains("connection: close"), "\(answered.text)")
 
+            // Another method: 405, saying which ones the server takes (RFC 9110).
+            let poster = try connectTCP(port: port, receiveTimeoutSeconds: 10)
+            defer { close(poster) }
+            let post = Array("POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n".utf8)
+            #expect(post.withUnsafeBytes { send(poster, $0.baseAddress, $0.count, 0) } == post.count)
+            let refused = readToClose(poster).text.lowercased()
+            #expect(refused.hasPrefix("http/1.0 405") && refused.contains("allow: get, head"), "\(refused)")
+
             // Enough silent connections to fill the cap, opened one after another.
             var silent: [Int32] = []
             defer { for socket in silent { close(socket) } }

@@ -206,6 +206,10 @@ struct WorkerLifecycleTests {
         // The client's own figures carry the pool's environment too (custom: the simulator).
         #expect(value("apns_client_requests", ["app": "example", "environment": "custom", "status": "200"]) == 32)
         #expect((value("apns_client_connections_usable", ["app": "example", "environment": "custom"]) ?? 0) >= 1)
+        // By state, and the smallest stream limit: the simulator's 1000 once a token was accepted.
+        #expect((value("apns_client_connections_open", ["app": "example", "state": "ready"]) ?? 0) >= 1)
+        #expect(value("apns_client_connections_open", ["app": "example", "state": "going_away"]) == 0)
+        #expect(value("apns_client_stream_limit_min", ["app": "example"]) == 1000)
 
         // APNs goes away: not ready any more, though still alive.
         await simulator.stop(gracePeriod: .zero)
