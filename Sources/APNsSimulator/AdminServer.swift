@@ -2,6 +2,7 @@ import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import Synchronization
 
 /// The simulator's admin endpoint (HTTP/1.1):
 ///
@@ -14,7 +15,14 @@ import NIOPosix
 ///   faults over the configured behaviour (the parameters given replace the faults in force);
 ///   `DELETE /faults` clears them; `GET /faults` shows them;
 /// - `GET /healthz`: `ok`.
+///
+/// A request with an `Origin` header (a web page's, sent by a browser) is refused: the
+/// endpoint has no authentication, and a page could otherwise POST faults to it. Connections
+/// close after 60 s without a request, and with the listener when the simulator stops.
 enum AdminServer {
+    /// How long a connection may stay open without a request.
+    static let idleTimeout: TimeAmount = .seconds(60)
+
     /// What the admin endpoint can do to the simulator's connections and behaviour.
     struct Actions: Sendable {
         var goAway: @Sendable (String) -> Void
@@ -35,14 +43,39 @@ enum AdminServer {
     ) async throws -> any Channel {
         try await ServerBootstrap(group: group)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(AdminConnections()) }
+            }
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(IdleStateHandler(allTimeout: idleTimeout))
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
                     try channel.pipeline.syncOperations.addHandler(AdminHandler(counters: counters, actions: actions))
                 }
             }
             .bind(host: host, port: port)
             .get()
+    }
+}
+
+/// On the listener: remembers the connections it accepted and closes them when it closes, so a
+/// kept-alive admin connection cannot act on a stopped simulator.
+private final class AdminConnections: ChannelInboundHandler, Sendable {
+    typealias InboundIn = any Channel
+
+    private let open = Mutex<[ObjectIdentifier: any Channel]>([:])
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        let child = unwrapInboundIn(data)
+        let id = ObjectIdentifier(child)
+        open.withLock { $0[id] = child }
+        child.closeFuture.whenComplete { _ in _ = self.open.withLock { $0.removeValue(forKey: id) } }
+        context.fireChannelRead(data)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        for child in open.withLock({ Array($0.values) }) { child.close(promise: nil) }
+        context.fireChannelInactive()
     }
 }
 
@@ -68,13 +101,32 @@ final class AdminHandler: ChannelInboundHandler {
         case .end:
             guard let head else { return }
             self.head = nil
-            let (status, contentType, body) = route(head)
+            let (status, contentType, body) =
+                head.headers.contains(name: "origin")
+                ? (.forbidden, "text/plain", "requests from web pages (with an Origin header) are refused\n")
+                : route(head)
             var headers = HTTPHeaders()
             headers.add(name: "content-type", value: contentType)
             headers.add(name: "content-length", value: String(body.utf8.count))
+            // HTTP/1.0, or `Connection: close`: the client expects the server to close.
+            let keepAlive = head.isKeepAlive
+            if !keepAlive { headers.add(name: "connection", value: "close") }
             context.write(wrapOutboundOut(.head(HTTPResponseHead(version: head.version, status: status, headers: headers))), promise: nil)
-            context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
-            context.writeAndFlush(wrapOutboundOut(.end(nil)), promise: nil)
+            if head.method != .HEAD {
+                context.write(wrapOutboundOut(.body(.byteBuffer(context.channel.allocator.buffer(string: body)))), promise: nil)
+            }
+            let channel = context.channel
+            context.writeAndFlush(wrapOutboundOut(.end(nil))).whenComplete { _ in
+                if !keepAlive { channel.close(promise: nil) }
+            }
+        }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is IdleStateHandler.IdleStateEvent {
+            context.close(promise: nil)
+        } else {
+            context.fireUserInboundEventTriggered(event)
         }
     }
 

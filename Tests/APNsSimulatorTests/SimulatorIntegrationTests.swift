@@ -461,3 +461,55 @@ struct SimulatorIntegrationTests {
         }
     }
 }
+
+/// The admin endpoint has no authentication: it must not take orders from web pages, nor keep
+/// connections that outlive the simulator.
+@Suite("Simulator admin endpoint", .timeLimit(.minutes(1)))
+struct SimulatorAdminEndpointTests {
+    /// Sends `request` and reads until the server closes or 5 s pass.
+    static func exchange(_ socket: Int32, _ request: String) -> (closed: Bool, text: String) {
+        let bytes = Array(request.utf8)
+        guard bytes.withUnsafeBytes({ send(socket, $0.baseAddress, $0.count, 0) }) == bytes.count else { return (false, "") }
+        var received: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(socket, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { return (count == 0 || errno == ECONNRESET, String(decoding: received, as: UTF8.self)) }
+            received += buffer[0..<count]
+        }
+    }
+
+    @Test("a web page's request (Origin) is refused, HTTP/1.0 is closed after its answer, and kept-alive connections close when the simulator stops")
+    func connectionRules() async throws {
+        let credentials = try DevCredentials.generate()
+        var configuration = try credentials.simulatorConfiguration()
+        configuration.listeners = .init(host: "127.0.0.1", http2CleartextPort: 0, adminPort: 0)
+        configuration.dumpSink = { _ in }
+        let simulator = try await APNsSimulator.start(configuration)
+        let port = try #require(simulator.port(.admin))
+
+        let page = try connectTCP(port: port, receiveTimeoutSeconds: 5)
+        defer { close(page) }
+        let refused = Self.exchange(page, "POST /faults?error_503_rate=1 HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\nConnection: close\r\n\r\n")
+        #expect(refused.text.hasPrefix("HTTP/1.1 403"), "\(refused.text)")
+        #expect(simulator.counters.snapshot().totals.requests == 0)
+        let faults = try httpRequest(method: "GET", port: port, path: "/faults")
+        #expect(faults.body == "faults: none\n", "the page set faults")
+
+        let old = try connectTCP(port: port, receiveTimeoutSeconds: 5)
+        defer { close(old) }
+        let answered = Self.exchange(old, "GET /healthz HTTP/1.0\r\n\r\n")
+        #expect(answered.closed && answered.text.contains("ok"), "\(answered.text)")
+
+        // A kept-alive connection, answered once, then left open.
+        let kept = try connectTCP(port: port, receiveTimeoutSeconds: 5)
+        defer { close(kept) }
+        let request = Array("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".utf8)
+        #expect(request.withUnsafeBytes { send(kept, $0.baseAddress, $0.count, 0) } == request.count)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        #expect(buffer.withUnsafeMutableBytes { recv(kept, $0.baseAddress, $0.count, 0) } > 0)
+        await simulator.stop(gracePeriod: .zero)
+        let after = Self.exchange(kept, "POST /goaway HTTP/1.1\r\nHost: x\r\n\r\n")
+        #expect(after.closed && after.text.isEmpty, "a stopped simulator's admin connection answered: \(after.text)")
+    }
+}
