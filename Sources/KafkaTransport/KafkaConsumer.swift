@@ -571,8 +571,9 @@ final class ConsumerCore: @unchecked Sendable {
 
     func lag(_ rk: OpaquePointer) -> [TopicPartition: Int64] {
         // Counted from the finished prefix; before anything finished this assignment, from the
-        // oldest record still in flight (a first record stuck shows its whole backlog), and only
-        // with nothing in flight from librdkafka's position.
+        // oldest record still in flight (a first record stuck shows its whole backlog); with
+        // nothing in flight from librdkafka's position; before any record was taken, from the
+        // group's committed offset.
         let snapshot: [(TopicPartition, Int64?, Int64, Int64?)] = locked {
             applyCompletionsLocked()
             return assigned.map { ($0, tracker.storableOffset($0) ?? tracker.oldestUnfinished($0), queriedHighs[$0] ?? -1, startingOffsets[$0]) }
