@@ -609,6 +609,8 @@ final class ConsumerCore: @unchecked Sendable {
             topics.add(TopicPartition(topic: topic, partition: RD_KAFKA_PARTITION_UA))
         }
         let subscribeError = rd_kafka_subscribe(rk, topics.pointer)
+        // Before the handle can be destroyed: the polling thread holds it until it returns.
+        if subscribeError == RD_KAFKA_RESP_ERR_NO_ERROR { handle.context.subscribed.store(true, ordering: .releasing) }
         guard subscribeError == RD_KAFKA_RESP_ERR_NO_ERROR else {
             let waiting: UnsafeContinuation<[KafkaRecord]?, Never>? = locked {
                 finished = true

@@ -30,6 +30,9 @@ final class ClientContext: Sendable {
     /// A consumer's: a rebalance callback has run, so its group has completed a SyncGroup (see
     /// `RDKafkaHandle.deinit`).
     let groupSynced = Atomic<Bool>(false)
+    /// A consumer's: it asked to join its group (`rd_kafka_subscribe`). One that never did
+    /// cannot be in the state `RDKafkaHandle.deinit` must not destroy.
+    let subscribed = Atomic<Bool>(false)
     /// Set when the handle is left undestroyed: its threads may still log, and nobody reads it.
     let silenced = Atomic<Bool>(false)
     /// Brokers (by librdkafka's name) with a round-trip gauge: one that leaves the client's
@@ -240,8 +243,8 @@ final class RDKafkaHandle: @unchecked Sendable {
             // NULL; fixed in 2.3.0, librdkafka#4312). A consumer that never saw a rebalance
             // callback may be in that state, for example stopped during its first join: it is
             // left undestroyed, and silent, rather than take the process down. Only consumers
-            // closed that early are, once each.
-            guard context.groupSynced.load(ordering: .acquiring) else {
+            // closed that early are, once each; one that never subscribed is destroyed.
+            guard context.groupSynced.load(ordering: .acquiring) || !context.subscribed.load(ordering: .acquiring) else {
                 context.silenced.store(true, ordering: .relaxed)
                 return
             }
