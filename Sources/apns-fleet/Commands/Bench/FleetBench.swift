@@ -8,7 +8,8 @@ import Synchronization
 /// One end-to-end measurement: a fresh local fleet (kafka-dev, simulator, N push workers, each
 /// its own process), jobs published while the workers run, results followed until every job
 /// is answered. Warm-up (the first results) is excluded; CPU comes from each worker process's
-/// own accounting; latency from `meta.published_at` to the result's `sent_at`.
+/// own accounting, over the whole run and after warm-up; latency from `meta.published_at` to
+/// the result's `sent_at`.
 struct FleetBench {
     struct Settings {
         var jobs = 100_000
@@ -88,11 +89,12 @@ struct FleetBench {
                 }
             }
             let publisher = JobPublisher(producer: producer, topic: fleet.topics.jobs)
-            // Worker CPU covers the whole run, warm-up included. A window from the end of
-            // warm-up would need the workers and the result reader at the same point, but the
-            // reader lags the workers by up to seconds (more the faster they are), and a window
-            // counted by what it read was measured far too low.
-            let cpuAtStart = fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid)?.cpuSeconds ?? 0 }
+            // Worker CPU is measured twice: over the whole run (warm-up included, divided by every
+            // notification) and after warm-up. The second window starts and ends at readings of
+            // the workers themselves, their CPU time and their own count of notifications taken
+            // together, not at what the result reader saw: the reader lags the workers by up to
+            // seconds, and a window counted by what it read was measured far too low.
+            let cpuAtStart = try Self.cpuSeconds(of: fleet.pushWorkers)
             // Jobs count as expected before Kafka takes them, so a publishing failure would show
             // only as a stall; the wait below reports it instead.
             let publishFailure = Mutex<String?>(nil)
@@ -112,21 +114,20 @@ struct FleetBench {
             let hostAtStart = HostCPUTimes.now()
             var expected = 0
             var progress = (seen: -1, at: ContinuousClock.now)
-            // The workers' added latency once they have recorded the warm-up's worth: the end of
-            // the run subtracts it, so that connecting and the first batches stay out. Counted by
-            // the histogram itself, not by the reader, which can lag until the run's end.
-            // Read every 250 ms at most: rendering /metrics costs the workers CPU, which the
-            // run measures.
-            var addedAfterWarmup: PrometheusHistogram?
-            var nextAddedReading = ContinuousClock.now
+            // The workers' own figures once they have finished the warm-up's worth of
+            // notifications: the end of the run subtracts them, so that connecting and the first
+            // batches stay out. Read every 250 ms until then, every second after (for the peak in
+            // flight): rendering /metrics costs the workers CPU, which the run measures.
+            var afterWarmup: WorkerReading?
+            var peakInFlight = 0.0
+            var nextReading = ContinuousClock.now
             while true {
                 let snapshot = tally.snapshot
                 expected = snapshot.notificationsExpected
-                if settings.warmup > 0, addedAfterWarmup == nil, ContinuousClock.now >= nextAddedReading {
-                    nextAddedReading = .now + .milliseconds(250)
-                    if let reading = Self.addedLatency(ports: fleet.pushWorkerAdminPorts), reading.count >= Double(settings.warmup) {
-                        addedAfterWarmup = reading
-                    }
+                if ContinuousClock.now >= nextReading, let reading = try? Self.read(fleet.pushWorkers, ports: fleet.pushWorkerAdminPorts) {
+                    nextReading = .now + (afterWarmup == nil ? .milliseconds(250) : .seconds(1))
+                    peakInFlight = max(peakInFlight, reading.inFlight)
+                    if afterWarmup == nil, reading.notifications >= Double(settings.warmup) { afterWarmup = reading }
                 }
                 if snapshot.jobsRegistered == settings.jobs, snapshot.isComplete { break }
                 if snapshot.notificationsSeen != progress.seen { progress = (snapshot.notificationsSeen, .now) }
@@ -145,10 +146,12 @@ struct FleetBench {
                 }
                 try await Task.sleep(for: .milliseconds(20))
             }
-            let usages = fleet.pushWorkers.map { ChildUsage.of(pid: $0.pid) }
-            let added = Self.addedLatency(ports: fleet.pushWorkerAdminPorts).map { total in
-                addedAfterWarmup.map { total.subtracting($0) } ?? total
+            let usages = try fleet.pushWorkers.map { worker in
+                guard let usage = ChildUsage.of(pid: worker.pid) else { throw CommandFailure("cannot read the CPU time and memory of \(worker.name) (pid \(worker.pid)) from /proc") }
+                return usage
             }
+            let atEnd = try Self.read(fleet.pushWorkers, ports: fleet.pushWorkerAdminPorts)
+            let added = atEnd?.added.map { total in afterWarmup?.added.map { total.subtracting($0) } ?? total }
             // Duplicates trail the last first result (a redelivered partition read later): give
             // them a moment before counting, as the demo does.
             try await Task.sleep(for: .seconds(1))
@@ -168,7 +171,7 @@ struct FleetBench {
             let first = measuredTimings.first?.sentAtMs ?? 0
             let seconds = Double((timings.last?.sentAtMs ?? first) - first) / 1000
             let measured = measuredTimings.count - 1
-            let cpu = zip(usages, cpuAtStart).reduce(0.0) { $0 + (($1.0?.cpuSeconds ?? $1.1) - $1.1) }
+            let cpu = zip(usages, cpuAtStart).reduce(0.0) { $0 + ($1.0.cpuSeconds - $1.1) }
             let latencies = measuredTimings.compactMap(\.latencyMs).sorted()
             var record = BenchRecord()
             // `bench scaling` labels its own runs; `bench e2e --workers 2` stays e2e.
@@ -185,6 +188,9 @@ struct FleetBench {
             record.set("jobs_per_second", Double(measured) * Double(snapshot.jobsComplete) / Double(max(1, snapshot.notificationsSeen)) / max(seconds, 1e-9), decimals: 0)
             record.set("per_worker_notifications_per_second", Double(measured) / max(seconds, 1e-9) / Double(settings.workers), decimals: 0)
             record.set("worker_cpu_us_per_notification", cpu * 1e6 / Double(max(snapshot.notificationsSeen, 1)), decimals: 2)
+            if let start = afterWarmup, let end = atEnd, end.notifications > start.notifications {
+                record.set("worker_cpu_us_per_notification_after_warmup", (end.cpuSeconds - start.cpuSeconds) * 1e6 / (end.notifications - start.notifications), decimals: 2)
+            }
             record.set("p50_ms", Percentiles.value(0.5, of: latencies) ?? 0, decimals: 1)
             record.set("p99_ms", Percentiles.value(0.99, of: latencies) ?? 0, decimals: 1)
             let toAPNs = measuredTimings.compactMap(\.toAPNsMs).sorted()
@@ -196,7 +202,10 @@ struct FleetBench {
                 record.set("worker_added_p50_le_ms", p50 * 1000, decimals: 2)
                 record.set("worker_added_p99_le_ms", p99 * 1000, decimals: 2)
             }
-            record.set("peak_rss_mb", Double(usages.compactMap { $0?.peakResidentKilobytes }.max() ?? 0) / 1024, decimals: 1)
+            record.set("peak_rss_mb", Double(usages.map(\.peakResidentKilobytes).max() ?? 0) / 1024, decimals: 1)
+            // Sampled (once a second after warm-up), so a lower bound of the true peak.
+            record.set("peak_in_flight_sampled", Int(peakInFlight))
+            if let maxInFlight = settings.maxInFlight { record.set("max_in_flight", maxInFlight) }
             record.set("lost", expected - snapshot.notificationsSeen)
             record.set("duplicates", snapshot.duplicates)
             // A result other than the one expected (a timeout under overload, say) still counts in
@@ -220,11 +229,39 @@ struct FleetBench {
 
     static func nowMillis() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
-    /// The workers' `apns.worker.added_latency` histogram, added together; nil unless every
-    /// worker answered (a reading of some would not subtract from one of all).
-    static func addedLatency(ports: [Int]) -> PrometheusHistogram? {
+    /// The push workers' own figures at one moment, added together.
+    struct WorkerReading {
+        /// Notifications finished (`apns.worker.notifications`, every outcome).
+        var notifications: Double
+        var cpuSeconds: Double
+        var inFlight: Double
+        /// `apns.worker.added_latency`.
+        var added: PrometheusHistogram?
+    }
+
+    /// Nil unless every worker answered on /metrics (a reading of some would not subtract from
+    /// one of all); the CPU times are read right after, within a millisecond or so.
+    static func read(_ workers: [SpawnedProcess], ports: [Int]) throws -> WorkerReading? {
         let texts = ports.compactMap { try? localHTTPRequest(method: "GET", port: $0, path: "/metrics").body }
         guard texts.count == ports.count else { return nil }
-        return PrometheusHistogram(texts.joined(separator: "\n"), name: "apns_worker_added_latency")
+        let cpu = try cpuSeconds(of: workers).reduce(0, +)
+        let text = texts.joined(separator: "\n")
+        let samples = prometheusSamples(text)
+        return WorkerReading(
+            notifications: samples.filter { $0.name == "apns_worker_notifications" }.reduce(0) { $0 + $1.value },
+            cpuSeconds: cpu,
+            inFlight: samples.filter { $0.name == "apns_worker_in_flight" }.reduce(0) { $0 + $1.value },
+            added: PrometheusHistogram(text, name: "apns_worker_added_latency")
+        )
+    }
+
+    /// Each worker's CPU time (user and system, every thread) so far.
+    static func cpuSeconds(of workers: [SpawnedProcess]) throws -> [Double] {
+        try workers.map { worker in
+            guard let usage = ChildUsage.of(pid: worker.pid) else {
+                throw CommandFailure("cannot read the CPU time of \(worker.name) (pid \(worker.pid)) from /proc")
+            }
+            return usage.cpuSeconds
+        }
     }
 }

@@ -83,7 +83,7 @@ struct FleetBenchOptions: ParsableArguments {
 
     static let columns: [(String, String)] = [
         ("run", "run"), ("workers", "workers"), ("notifications/s", "notifications_per_second"),
-        ("per worker/s", "per_worker_notifications_per_second"), ("worker CPU µs/notification", "worker_cpu_us_per_notification"),
+        ("per worker/s", "per_worker_notifications_per_second"), ("worker CPU µs/notification", "worker_cpu_us_per_notification"), ("after warm-up", "worker_cpu_us_per_notification_after_warmup"),
         ("p50 ms", "p50_ms"), ("p99 ms", "p99_ms"), ("peak RSS MiB", "peak_rss_mb"), ("lost", "lost"), ("duplicates", "duplicates"), ("wrong outcomes", "wrong_outcomes"),
     ]
 }
@@ -97,8 +97,10 @@ struct E2EBenchCommand: AsyncParsableCommand {
             Starts kafka-dev, the simulator and one push worker as separate processes, publishes \
             --jobs while the worker runs, and follows the results. Prints one JSON line per run \
             and the median: notifications and jobs per second, worker CPU µs per notification (the \
-            worker process's own CPU time over the whole run, divided by every notification), p50/p99 latency from the job's \
-            meta.published_at to the result's sent_at, and the worker's peak RSS. Build in release mode.
+            worker process's own CPU time over the whole run, divided by every notification; and \
+            after warm-up, between two readings of the worker's CPU time and its own count of \
+            notifications), p50/p99 latency from the job's meta.published_at to the result's \
+            sent_at, the worker's peak RSS and its peak in flight (sampled). Build in release mode.
 
             Examples:
               .build/release/apns-fleet bench e2e --jobs 200000 --runs 3 --markdown bench.md
