@@ -61,6 +61,34 @@ struct InvalidationLedgerTests {
         #expect(!redeliveredUnregistered && !redeliveredBad)
     }
 
+    @Test("a 410 after a BadDeviceToken event (a wrong-environment job earlier) is news, though APNs dates it before that send")
+    func unregisteredAfterSendTimeReason() {
+        var ledger = InvalidationLedger(capacity: 100)
+        var bad = Self.event("BadDeviceToken", at: 10_000)
+        bad.timeIsStated = false
+        var gone = Self.event("Unregistered", at: 5_000)
+        gone.observedAt = 20_000
+        var redeliveredOld = Self.event("Unregistered", at: 5_000)
+        redeliveredOld.observedAt = 8_000
+        let admittedBad = ledger.admit(bad)
+        let admittedOld = ledger.admit(redeliveredOld)
+        let admittedGone = ledger.admit(gone)
+        #expect(admittedBad)
+        #expect(!admittedOld, "a result observed before the published event is still no news")
+        #expect(admittedGone, "the compacted topic must end with Unregistered")
+    }
+
+    @Test("a feedback tuple (whole seconds) and a 410 for the same invalidation make one event")
+    func tupleAndUnregisteredAgree() {
+        var ledger = InvalidationLedger(capacity: 100)
+        let tuple = TokenEvent(token: Self.token, topic: "com.example.app", app: "example", reason: "Unregistered", invalidatedAt: 7_000, source: .feedbackService)
+        let first = ledger.admit(tuple)
+        let answer = ledger.admit(Self.event(at: 7_300))
+        let reborn = ledger.admit(Self.event(at: 9_000))
+        #expect(first && !answer, "the 410 is the tuple's invalidation, to the millisecond")
+        #expect(reborn)
+    }
+
     @Test("a token still bad a minute after its event is invalidated again; closer repeats are duplicates")
     func badTokenRepeats() {
         // Readers take a token back when the app registers it after the event's time (every

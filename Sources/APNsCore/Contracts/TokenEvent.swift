@@ -21,8 +21,15 @@ public struct TokenEvent: Sendable, Hashable {
     /// time as stated (so it differs from an original dated by the answer). Compared with the
     /// rest: nothing compares whole events, the ledger and the topic go by `key`.
     public var timeIsStated: Bool
+    /// Milliseconds since the epoch: when the answer came (the result's `sent_at`) or the poll
+    /// ran. Not part of the record either: it orders events whose times are of different kinds
+    /// (a 410's stated time against a BadDeviceToken's send time).
+    public var observedAt: Int64
 
-    public init(token: String, topic: String, app: String?, reason: String, invalidatedAt: Int64, source: Source, jobID: String? = nil, timeIsStated: Bool = true) {
+    public init(
+        token: String, topic: String, app: String?, reason: String, invalidatedAt: Int64, source: Source, jobID: String? = nil,
+        timeIsStated: Bool = true, observedAt: Int64? = nil
+    ) {
         self.token = token
         self.topic = topic
         self.app = app
@@ -31,6 +38,7 @@ public struct TokenEvent: Sendable, Hashable {
         self.source = source
         self.jobID = jobID
         self.timeIsStated = timeIsStated
+        self.observedAt = observedAt ?? invalidatedAt
     }
 
     /// The record key, `<apns-topic>/<token>`, so compaction keeps the latest event per token and topic.
@@ -81,7 +89,8 @@ public struct TokenEvent: Sendable, Hashable {
             invalidatedAt: time.value,
             source: .http2,
             jobID: result.jobID,
-            timeIsStated: time.isStated
+            timeIsStated: time.isStated,
+            observedAt: observedAt.value
         )
     }
 
@@ -100,7 +109,8 @@ public struct TokenEvent: Sendable, Hashable {
             reason: APNsReason.unregistered.rawValue,
             invalidatedAt: time.value,
             source: .feedbackService,
-            timeIsStated: time.isStated
+            timeIsStated: time.isStated,
+            observedAt: polledAt.value
         )
     }
 
@@ -140,5 +150,6 @@ public struct TokenEvent: Sendable, Hashable {
         self.source = source
         jobID = try object.optionalString("job_id")
         timeIsStated = true
+        observedAt = invalidatedAt
     }
 }

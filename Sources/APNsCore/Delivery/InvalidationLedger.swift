@@ -10,19 +10,49 @@
 /// token back when the app registers it again after an event's time (apps do so on every
 /// launch), and a token still bad must then be invalidated again; closer repeats (a redone job,
 /// a producer sending to it in a loop) are duplicates, so one bad token costs at most one event
-/// a minute, whichever of the two reasons each answer gives. Another reason is news
-/// unless it is older than what was published: a redelivered old result must not follow a
-/// newer event onto the compacted topic, where the last value for a key is the one readers keep.
+/// a minute, whichever of the two reasons each answer gives. Two stated 410 times are compared
+/// to the second: the feedback service states whole seconds, and its tuple and a 410 for the
+/// same invalidation must not make two events. Another reason is news unless it was observed
+/// before what was published: a redelivered old result must not follow a newer event onto the
+/// compacted topic, where the last value for a key is the one readers keep. (By when each was
+/// observed, not by their times: a 410's stated time lies before the BadDeviceToken send time
+/// an earlier, wrong-environment job gave the key, and that 410 is still news.)
 ///
 /// Memory is bounded: past `capacity` keys the oldest is forgotten first. Forgetting costs at
 /// most one repeated event for that key, which the compacted topic absorbs. Keys are kept as
-/// 64-bit hashes: a million keys took 92 MB, against 309 MB as strings (over the feedback
-/// pod's memory limit). A new key sharing the hash of one of a million remembered keys, and so
+/// 64-bit hashes, and reasons as a code: a million keys took 92 MB, against 309 MB as strings
+/// (over the feedback pod's memory limit); a reason too long for Swift's inline strings
+/// (DeviceTokenNotForTopic) added a heap copy per key. A new key sharing the hash of one of a million remembered keys, and so
 /// its event taken for a repeat, has a chance of about 1 in 10^13.
 public struct InvalidationLedger: Sendable {
     private struct Entry: Sendable {
-        var reason: String
+        var reason: ReasonCode
         var invalidatedAt: Int64
+        var observedAt: Int64
+
+        init(_ event: TokenEvent) {
+            reason = ReasonCode(event.reason)
+            invalidatedAt = event.invalidatedAt
+            observedAt = event.observedAt
+        }
+    }
+
+    /// The reasons an event can have, as the ledger tells them apart: any other 410 reason
+    /// (Apple has added some) is `otherGone`.
+    private enum ReasonCode: UInt8, Sendable {
+        case unregistered, badDeviceToken, deviceTokenNotForTopic, otherGone
+
+        init(_ reason: String) {
+            switch reason {
+            case APNsReason.unregistered.rawValue: self = .unregistered
+            case APNsReason.badDeviceToken.rawValue: self = .badDeviceToken
+            case APNsReason.deviceTokenNotForTopic.rawValue: self = .deviceTokenNotForTopic
+            default: self = .otherGone
+            }
+        }
+
+        /// BadDeviceToken and DeviceTokenNotForTopic: their events carry only the time of the send.
+        var carriesSendTime: Bool { self == .badDeviceToken || self == .deviceTokenNotForTopic }
     }
 
     public let capacity: Int
@@ -44,22 +74,22 @@ public struct InvalidationLedger: Sendable {
     /// Whether `event` is news. If it is, it is remembered and the caller publishes it.
     public mutating func admit(_ event: TokenEvent) -> Bool {
         let key = Self.hash(event.key)
+        let reason = ReasonCode(event.reason)
         if let known = entries[key] {
             // Saturating: the ledger takes any event, and times far apart must not trap.
             let difference = event.invalidatedAt.subtractingReportingOverflow(known.invalidatedAt)
             let laterBy = difference.overflow ? (event.invalidatedAt > known.invalidatedAt ? .max : .min) : difference.partialValue
             // The two send-time reasons bound a key together: a producer whose answers alternate
             // between them must not get an event per answer.
-            let sameKind = known.reason == event.reason
-                || (Self.carriesSendTime(known.reason) && Self.carriesSendTime(event.reason))
+            let sameKind = known.reason == reason || (known.reason.carriesSendTime && reason.carriesSendTime)
             let again = sameKind
-                && (event.reason == APNsReason.unregistered.rawValue && event.timeIsStated ? laterBy > 0 : laterBy >= Self.repeatIntervalMilliseconds)
-            let otherReason = !sameKind && laterBy >= 0
+                && (reason == .unregistered && event.timeIsStated ? laterBy >= 1000 : laterBy >= Self.repeatIntervalMilliseconds)
+            let otherReason = !sameKind && event.observedAt >= known.observedAt
             guard otherReason || again else { return false }
-            entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
+            entries[key] = Entry(event)
             return true
         }
-        entries[key] = Entry(reason: event.reason, invalidatedAt: event.invalidatedAt)
+        entries[key] = Entry(event)
         order.append(key)
         while entries.count > capacity, head < order.count {
             entries[order[head]] = nil
@@ -77,15 +107,10 @@ public struct InvalidationLedger: Sendable {
     /// allowed to publish it.
     public mutating func forget(_ event: TokenEvent) {
         let key = Self.hash(event.key)
-        guard let known = entries[key], known.reason == event.reason, known.invalidatedAt == event.invalidatedAt else { return }
+        guard let known = entries[key], known.reason == ReasonCode(event.reason), known.invalidatedAt == event.invalidatedAt else { return }
         entries[key] = nil
         // Its slot in `order` stays: evicting a key that is gone is a no-op, and if the key comes
         // back it is merely forgotten a little early.
-    }
-
-    /// BadDeviceToken and DeviceTokenNotForTopic: their events carry only the time of the send.
-    private static func carriesSendTime(_ reason: String) -> Bool {
-        reason == APNsReason.badDeviceToken.rawValue || reason == APNsReason.deviceTokenNotForTopic.rawValue
     }
 
     /// Seeded per process, like every Swift hash: fine for memory that lives as long as it.
