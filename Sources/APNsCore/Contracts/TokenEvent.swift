@@ -18,8 +18,7 @@ public struct TokenEvent: Sendable, Hashable {
     public var jobID: String?
     /// Whether `invalidatedAt` is a time APNs (or the feedback service) stated, rather than
     /// when the answer came or the poll ran. Not part of the record: a decoded event takes its
-    /// time as stated (so it differs from an original dated by the answer). Compared with the
-    /// rest: nothing compares whole events, the ledger and the topic go by `key`.
+    /// time as stated. Like `observedAt`, left out of `==`, which compares records.
     public var timeIsStated: Bool
     /// Milliseconds since the epoch: when the answer came (the result's `sent_at`) or the poll
     /// ran. Not part of the record either: it orders events whose times are of different kinds
@@ -39,6 +38,18 @@ public struct TokenEvent: Sendable, Hashable {
         self.jobID = jobID
         self.timeIsStated = timeIsStated
         self.observedAt = observedAt ?? invalidatedAt
+    }
+
+    /// Two events are equal when their records are (`timeIsStated` and `observedAt` are not in it).
+    public static func == (lhs: TokenEvent, rhs: TokenEvent) -> Bool {
+        lhs.token == rhs.token && lhs.topic == rhs.topic && lhs.app == rhs.app && lhs.reason == rhs.reason
+            && lhs.invalidatedAt == rhs.invalidatedAt && lhs.source == rhs.source && lhs.jobID == rhs.jobID
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(token)
+        hasher.combine(topic)
+        hasher.combine(invalidatedAt)
     }
 
     /// The record key, `<apns-topic>/<token>`, so compaction keeps the latest event per token and topic.
