@@ -204,7 +204,7 @@ public struct APNsClientConfiguration: Sendable {
     public var pingTimeout: Duration = .seconds(10)
     /// How often deadlines of in-flight requests are checked. Default: 20 ms.
     public var deadlineCheckInterval: Duration = .milliseconds(20)
-    /// Age (seconds) at which a provider token is replaced, clamped to 20…59 minutes. Default: 50 minutes.
+    /// Age (seconds) at which a provider token is replaced, clamped to 21…55 minutes. Default: 50 minutes.
     public var tokenRefreshAge: Int64 = 50 * 60
     /// Fresh tokens in a row that APNs may reject (Expired/InvalidProviderToken) before the pool
     /// reports a configuration error. Default: 2.

@@ -85,12 +85,14 @@ public struct StreamBudget: Sendable, Hashable {
 /// When a connection mints its provider token.
 ///
 /// One token per connection, minted when the connection starts and replaced when it reaches
-/// `refreshAge` (clamped to 20…59 minutes: APNs rejects tokens older than an hour, and answers
-/// TooManyProviderTokenUpdates to changes more often than every 20 minutes). Times are seconds
-/// on a clock that does not jump (`APNsClock.elapsed`), not the token's `iat`.
+/// `refreshAge` (clamped to 21…55 minutes: APNs rejects tokens older than an hour, and answers
+/// TooManyProviderTokenUpdates to changes more often than every 20 minutes). Times are whole
+/// seconds on a clock that does not jump (`APNsClock.elapsed`), not the token's `iat`: a minute
+/// of margin at the low end covers the truncation, five at the high end the host's clock
+/// against APNs's and a request that waits for its stream before it goes out.
 public struct ProviderTokenSchedule: Sendable, Hashable {
-    public static let minimumAge: Int64 = 20 * 60
-    public static let maximumAge: Int64 = 59 * 60
+    public static let minimumAge: Int64 = 21 * 60
+    public static let maximumAge: Int64 = 55 * 60
 
     public enum Decision: Sendable, Hashable {
         case keep

@@ -79,7 +79,7 @@ public struct NotificationJob: Sendable, Hashable {
     public var topic: String?
     public var pushType: PushType?
     public var priority: NotificationPriority?
-    /// `apns-expiration`: unix seconds; 0 means "deliver now or never".
+    /// `apns-expiration`: unix seconds; 0 means APNs does not store it for an offline device (the worker may still retry a failed attempt, within the deadline).
     public var expiration: Int64?
     public var collapseID: String?
     /// `apns-id`, only from the header encoding (a fan-out job gets one id per notification).
