@@ -352,8 +352,10 @@ public final class PushWorker: Service, Sendable {
     /// Sends an admitted record's notifications (or publishes its rejection), then finishes it.
     private func complete(_ admission: Admission, record: KafkaRecord) async {
         switch admission {
-        case .rejected(let messages):
-            guard await publish(messages, for: record) else { return }
+        case .rejected(let rejected):
+            // Logged and counted only now: a record the loop decoded and then left to the next
+            // owner (its partition being revoked) is that owner's to report.
+            guard await publish(rejectionMessages(rejected, record: record), for: record) else { return }
         case .accepted(let job):
             // False when cancelled before Kafka took the results: left unfinished, redone.
             guard await deliver(job, record: record) else { return }
@@ -362,8 +364,8 @@ public final class PushWorker: Service, Sendable {
     }
 
     private enum Admission: Sendable {
-        /// Unusable: its results and DLQ copy.
-        case rejected([KafkaOutgoingMessage])
+        /// Unusable: its results and DLQ copy are made when it is published.
+        case rejected(RejectedJob)
         case accepted(JobInFlight)
 
         /// Its share of the in-flight bound: one per notification.
@@ -382,7 +384,7 @@ public final class PushWorker: Service, Sendable {
     private func admit(_ record: KafkaRecord) -> Admission {
         let source = SourcePosition(topic: record.topic, partition: record.partition, offset: record.offset)
         switch intake.accept(value: record.value, headers: record.headers, source: source, now: now()) {
-        case .rejected(let rejected): return .rejected(rejectionMessages(rejected, record: record))
+        case .rejected(let rejected): return .rejected(rejected)
         // Boxed: the calls below keep only a reference in their frames, not a copy of the job.
         case .accepted(let job): return .accepted(JobInFlight(job))
         }
