@@ -37,6 +37,7 @@ struct CommandUsageErrorTests {
             message: "--port must be 1 to 65535"
         ),
         Case(arguments: ["validate-job", "--config", "empty.yaml", "jobs.jsonl"], message: "no app is configured in empty.yaml"),
+        Case(arguments: ["demo", "--config", "fleet.yaml", "--token", token, "--mix", "good=1,fanout=1"], message: "--mix fanout needs the simulator's dead tokens"),
         Case(arguments: ["kafka-dev", "--topic", "apns.jobs,apns.results"], message: "--topic \"apns.jobs,apns.results\": a Kafka topic name may only use letters, digits, '.', '_' and '-', not ','"),
         Case(arguments: ["kafka-dev", "--topic", "apns.jobs", "--topic", "apns.jobs"], message: "--topic apns.jobs is given twice"),
     ]

@@ -13,6 +13,9 @@ struct DemoInterruptTests {
         let directory = temporaryTestPath("demo-interrupt")
         let demo = try await Self.startDemo(in: directory)
         defer { demo.kill() }
+        // A demo pointed at a fleet's brokers must not join its consumer groups.
+        let workers = Self.processes(mentioning: directory).map(Self.commandLine).filter { $0.contains(" worker ") || $0.contains(" feedback ") }
+        #expect(workers.count == 2 && workers.allSatisfy { $0.contains("kafka.group-id=apns-fleet-demo-") }, "\(workers)")
         demo.signal(SIGINT)
         let status = try await demo.waitForExit(timeout: 60)
         #expect(status == 130, "exit status \(status); output ends: \(demo.lines.value.suffix(5))")
@@ -81,9 +84,15 @@ struct DemoInterruptTests {
     static func processes(mentioning text: String) -> [Int32] {
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
         return entries.compactMap(Int32.init).filter { pid in
-            guard pid != getpid(), let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return false }
-            let command = String(decoding: data.map { $0 == 0 ? UInt8(ascii: " ") : $0 }, as: UTF8.self)
+            guard pid != getpid() else { return false }
+            let command = commandLine(pid)
             return command.contains(text) && !command.contains(" demo ")
         }
+    }
+
+    /// A process's arguments, joined by spaces; empty once it is gone.
+    static func commandLine(_ pid: Int32) -> String {
+        guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return "" }
+        return String(decoding: data.map { $0 == 0 ? UInt8(ascii: " ") : $0 }, as: UTF8.self)
     }
 }

@@ -22,9 +22,12 @@ struct DemoCommand: AsyncParsableCommand {
             the expected outcome, the DLQ holds as many of the run's jobs as were unusable, and every dead token, and \
             no other, got a token event (repeats, which at-least-once allows, are counted). Logs of each process are in --dir/logs.
 
-            --brokers uses a real Kafka instead (the topics must exist). --config uses your own apps \
-            (real APNs) instead of the simulator; then give real device tokens with --token, keep \
-            --jobs small, and the mix defaults to good jobs only.
+            --brokers uses a real Kafka instead, with the topics apns-demo.jobs, apns-demo.jobs.retry, \
+            apns-demo.jobs.dlq, apns-demo.results and apns-demo.token-events (they must exist), or \
+            those of --config. --config uses your own apps (real APNs) instead of the simulator; \
+            then give real device tokens with --token, keep --jobs small, and the mix defaults to \
+            good jobs only. The workers always join consumer groups of the run's own, never a \
+            fleet's.
 
             Examples:
               apns-fleet demo
@@ -80,6 +83,10 @@ struct DemoCommand: AsyncParsableCommand {
             if let problem = KafkaSettings.bootstrapServersProblem(brokers, securityProtocol: .plaintext) ?? (brokers.contains(" ") ? "must not contain spaces" : nil) {
                 throw ValidationError("--brokers \(problem)")
             }
+        }
+        if config != nil, let mix, let kind = try parseMix(mix).weights.first(where: { $0.weight > 0 && ($0.kind == .unregistered || $0.kind == .fanout) })?.kind {
+            // Their dead tokens are the simulator's: real APNs answers BadDeviceToken, not the 410 the run expects.
+            throw ValidationError("--mix \(kind.rawValue) needs the simulator's dead tokens; with --config use good, headers and the unusable kinds")
         }
         if config == nil, !token.isEmpty {
             throw ValidationError("--token needs --config: the simulator's demo checks generated tokens, whose answers it knows")

@@ -24,7 +24,7 @@ struct LocalFleet {
         var simulatorArguments: [String] = []
     }
 
-    let topics = TopicNames()
+    let topics: TopicNames
     let bootstrap: String
     /// Whether Kafka is kafka-dev (librdkafka's mock cluster) rather than the user's brokers.
     let embeddedKafka: Bool
@@ -42,7 +42,6 @@ struct LocalFleet {
         let logs = (directory as NSString).appendingPathComponent("logs")
         try FileManager.default.createDirectory(atPath: logs, withIntermediateDirectories: true)
         func logPath(_ name: String) -> String { (logs as NSString).appendingPathComponent("\(name).log") }
-        let topics = TopicNames()
         // The user's configuration is read first: a broken one must not leave kafka-dev started.
         var userApps: (fleet: FleetConfiguration, app: String, topic: String)?
         if let config = options.config {
@@ -52,6 +51,14 @@ struct LocalFleet {
             }
             userApps = (fleet, app.name, topic)
         }
+        // The topics: the configuration's; on the user's brokers without one, the demo's own, so
+        // that its made-up jobs never land in a fleet's real apns.jobs; kafka-dev's defaults
+        // otherwise. The consumer groups are the run's own in every case: a demo pointed at
+        // brokers a fleet uses must not join that fleet's groups and take its partitions.
+        let topics = userApps?.fleet.topics ?? (options.brokers != nil ? Self.demoTopics : TopicNames())
+        let groupSettings = [
+            "--set", "kafka.group-id=apns-fleet-demo-\(options.runID)", "--set", "kafka.feedback-group-id=apns-fleet-demo-\(options.runID)-feedback",
+        ] + (userApps == nil && options.brokers != nil ? zip(["jobs", "retry", "dlq", "results", "token-events"], topics.all).flatMap { ["--set", "topics.\($0)=\($1)"] } : [])
         var processes: [SpawnedProcess] = []
         do {
             // Kafka.
@@ -64,7 +71,8 @@ struct LocalFleet {
                 try? FileManager.default.removeItem(atPath: file)
                 let kafka = try SpawnedProcess(
                     name: "kafka-dev",
-                    arguments: ["kafka-dev", "--brokers", "1", "--partitions", "\(options.partitions)", "--bootstrap-file", file, "--no-stdin"],
+                    arguments: ["kafka-dev", "--brokers", "1", "--partitions", "\(options.partitions)", "--bootstrap-file", file, "--no-stdin"]
+                        + topics.all.flatMap { ["--topic", $0] },
                     logPath: logPath("kafka-dev")
                 )
                 processes.append(kafka)
@@ -108,7 +116,7 @@ struct LocalFleet {
                 let port = options.metricsPort + index
                 let worker = try SpawnedProcess(
                     name: "worker-\(index + 1)",
-                    arguments: ["worker"] + fleetArguments + ["--set", "admin.port=\(port)", "--set", "worker.id=local-worker-\(index + 1)"] + extra,
+                    arguments: ["worker"] + fleetArguments + groupSettings + ["--set", "admin.port=\(port)", "--set", "worker.id=local-worker-\(index + 1)"] + extra,
                     logPath: logPath("worker-\(index + 1)")
                 )
                 processes.append(worker)
@@ -120,7 +128,7 @@ struct LocalFleet {
                 let port = options.metricsPort + options.workers
                 let feedback = try SpawnedProcess(
                     name: "feedback",
-                    arguments: ["feedback"] + fleetArguments + ["--set", "admin.port=\(port)", "--set", "worker.id=local-feedback"],
+                    arguments: ["feedback"] + fleetArguments + groupSettings + ["--set", "admin.port=\(port)", "--set", "worker.id=local-feedback"],
                     logPath: logPath("feedback")
                 )
                 processes.append(feedback)
@@ -132,7 +140,7 @@ struct LocalFleet {
             }
             say("Workers: \(options.workers) push worker(s)\(options.feedbackWorker ? " and the feedback worker" : ""), partitions assigned")
             return LocalFleet(
-                bootstrap: bootstrap, embeddedKafka: options.brokers == nil, generator: generator, logDirectory: logs, metricsURLs: metricsURLs,
+                topics: topics, bootstrap: bootstrap, embeddedKafka: options.brokers == nil, generator: generator, logDirectory: logs, metricsURLs: metricsURLs,
                 pushWorkerAdminPorts: adminPorts, processes: processes, pushWorkers: pushWorkers
             )
         } catch {
@@ -151,6 +159,12 @@ struct LocalFleet {
     func kill() {
         for process in processes { process.kill() }
     }
+
+    /// The topics of a demo on the user's brokers (without `--config`): they must exist there.
+    static let demoTopics = TopicNames(
+        jobs: "apns-demo.jobs", retry: "apns-demo.jobs.retry", deadLetter: "apns-demo.jobs.dlq",
+        results: "apns-demo.results", tokenEvents: "apns-demo.token-events"
+    )
 
     static func port(after marker: String, in line: String) -> Int? {
         guard let range = line.range(of: marker) else { return nil }
