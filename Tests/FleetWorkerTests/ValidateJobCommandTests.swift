@@ -146,7 +146,7 @@ extension SendCommandInputTests {
 /// `apns-fleet publish --file` reads its input as bytes, line by line, before it connects.
 @Suite("publish: input checks")
 struct PublishCommandInputTests {
-    @Test("a file with CRLF line ends is read line by line, and invalid UTF-8 is refused, not replaced")
+    @Test("a file is read line by line (CRLF, a byte order mark) and checked by the worker's rules; invalid UTF-8 is refused, not replaced")
     func crlfAndInvalidUTF8() async throws {
         let token = String(repeating: "ab", count: 32)
         let directory = temporaryTestPath("apns-fleet-publish")
@@ -156,6 +156,10 @@ struct PublishCommandInputTests {
         let cases: [(String, [UInt8], String)] = [
             ("crlf.jsonl", good + Array("\r\n".utf8) + Array(#"{"token":"zz","payload":{}}"#.utf8) + Array("\r\n".utf8), "line 2: "),
             ("latin1.jsonl", Array(#"{"token":"\#(token)","payload":{"alert":"caf"#.utf8) + [0xE9] + Array(#""}}"#.utf8) + [0x0A], "line 1: "),
+            // The worker's rules, not only the decoder's: an alert's payload limit is 4096 bytes.
+            ("big-alert.jsonl", good + [0x0A] + Array(#"{"token":"\#(token)","payload":{"aps":{"alert":"\#(String(repeating: "x", count: 4500))"}}}"#.utf8), "line 2: "),
+            // A byte order mark is not part of the first job.
+            ("bom.jsonl", [0xEF, 0xBB, 0xBF] + good + [0x0A] + Array(#"{"token":"zz","payload":{}}"#.utf8), "line 2: "),
         ]
         for (name, bytes, expected) in cases {
             let path = (directory as NSString).appendingPathComponent(name)

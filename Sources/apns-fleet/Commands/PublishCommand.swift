@@ -152,7 +152,7 @@ struct PublishCommand: AsyncParsableCommand {
         let topic = kafkaTopic ?? fleet.topics.jobs
         // The input is read and checked before Kafka is involved: a bad line or a missing file is
         // reported at once, not after a producer started (and possibly waited on the brokers).
-        let messages = generate == nil ? try records(topic: topic) : []
+        let messages = generate == nil ? try records(topic: topic, fleet: fleet) : []
         var client = try KafkaClientConfiguration.checked(fleet.kafka, clientID: "apns-fleet-publish")
         client.statisticsInterval = nil
         var producerConfiguration = KafkaProducerConfiguration(client: client)
@@ -201,14 +201,25 @@ struct PublishCommand: AsyncParsableCommand {
         }
     }
 
-    private func records(topic: String) throws -> [KafkaOutgoingMessage] {
+    private func records(topic: String, fleet: FleetConfiguration) throws -> [KafkaOutgoingMessage] {
+        // validate-job's checks: the worker's whole intake when the configuration has apps (its
+        // token limit, push types, payload limits, apps), otherwise the job's own rules. The
+        // decoder alone let through what the worker then sent to the DLQ (a 4.5 KB alert).
+        let validation = JobValidation(
+            decoder: JobDecoder(limits: .init(maximumTokensPerJob: fleet.worker.maxTokensPerJob)),
+            fleet: fleet.apps.isEmpty ? nil : fleet
+        )
+        func record(_ envelope: [UInt8], validate: Bool = true) throws(JobRejection) -> KafkaOutgoingMessage {
+            if validate, case .invalid(let rejection) = validation.check(value: envelope, headers: []) { throw rejection }
+            return try JobRecords.record(envelope: envelope, topic: topic, encoding: encoding, validate: validate)
+        }
         if !token.isEmpty {
             let envelope = JobRecords.envelope(
                 id: jobID, tokens: token, topic: apnsTopic, pushType: pushType, priority: priority,
                 app: app, collapseID: collapseID, expiration: expiration, payload: payload ?? "{}"
             )
             do {
-                return [try JobRecords.record(envelope: envelope, topic: topic, encoding: encoding)]
+                return [try record(envelope)]
             } catch {
                 throw UsageError("the job is invalid: \(error.reason)")
             }
@@ -227,7 +238,7 @@ struct PublishCommand: AsyncParsableCommand {
         var messages: [KafkaOutgoingMessage] = []
         for line in JobInputSplitter.lines(in: input) {
             do {
-                messages.append(try JobRecords.record(envelope: line.bytes, topic: topic, encoding: encoding, validate: !noValidate))
+                messages.append(try record(line.bytes, validate: !noValidate))
             } catch {
                 throw UsageError("\(file ?? "input") line \(line.number): \(error.reason); nothing was published")
             }

@@ -130,7 +130,9 @@ enum JobInputSplitter {
     static func lines(in input: [UInt8]) -> [(number: Int, bytes: [UInt8])] {
         var lines: [(number: Int, bytes: [UInt8])] = []
         var lineNumber = 0
-        for line in input.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
+        // A UTF-8 byte order mark (Windows PowerShell writes one) is not part of the first job.
+        let text = input.starts(with: [0xEF, 0xBB, 0xBF]) ? input.dropFirst(3) : input[...]
+        for line in text.split(separator: UInt8(ascii: "\n"), omittingEmptySubsequences: false) {
             lineNumber += 1
             var bytes = Array(line)
             if bytes.last == UInt8(ascii: "\r") { bytes.removeLast() }
