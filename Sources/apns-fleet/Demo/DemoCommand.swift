@@ -120,10 +120,14 @@ struct DemoCommand: AsyncParsableCommand {
                   logs       \(fleet.logDirectory)/
                 """)
             let run = try DemoRun(bootstrap: fleet.bootstrap, embeddedKafka: fleet.embeddedKafka, topics: fleet.topics, runID: runID, logger: logger)
-            let outcome = try await run.execute(jobs: jobs, generator: fleet.generator, rate: rate, timeout: .seconds(timeout), processes: fleet.processes)
+            var outcome = try await run.execute(jobs: jobs, generator: fleet.generator, rate: rate, timeout: .seconds(timeout), processes: fleet.processes)
             // Interrupted, the processes it found gone were stopped on purpose: no report.
             await SpawnedProcess.holdIfInterrupted()
-            await fleet.stop()
+            // A worker that cannot drain, flush and commit on SIGTERM would lose work in a
+            // rolling restart: the run judges its stop too.
+            for (process, status) in await fleet.stop() where status != 0 {
+                outcome.problems.append("\(process.name) exited with status \(status) when asked to stop; its log (\(process.logPath)) ends:\n\(process.logTail(5))")
+            }
             print(outcome.report)
             if !outcome.passed { throw ExitCode(1) }
         } catch {

@@ -9,8 +9,23 @@ import Logging
 /// accounted for, then judge and report.
 struct DemoRun {
     struct Outcome {
-        var passed: Bool
-        var report: String
+        /// The summary, without its verdict.
+        var summary: [String]
+        var problems: [String]
+
+        var passed: Bool { problems.isEmpty }
+
+        /// The summary and its verdict: PASS, or FAIL with every problem.
+        var report: String {
+            var lines = summary
+            if problems.isEmpty {
+                lines.append("PASS: every job got all its results with the expected outcome; nothing lost; every process stopped cleanly.")
+            } else {
+                lines.append("FAIL:")
+                lines += problems.map { "  - \($0)" }
+            }
+            return lines.joined(separator: "\n")
+        }
     }
 
     let topics: TopicNames
@@ -178,13 +193,7 @@ struct DemoRun {
         lines.append("  throughput              \(g(Int(Double(snapshot.notificationsSeen) / max(elapsed, 0.001)))) notifications/s (publish start → last result, \(String(format: "%.1f", elapsed)) s)")
         lines.append("  latency job → result    p50 \(ms(0.5)), p99 \(ms(0.99)) (meta.published_at → result sent_at)")
         lines.append("")
-        if problems.isEmpty {
-            lines.append("PASS: every job got all its results with the expected outcome; nothing lost.")
-        } else {
-            lines.append("FAIL:")
-            lines += problems.map { "  - \($0)" }
-        }
-        return Outcome(passed: problems.isEmpty, report: lines.joined(separator: "\n"))
+        return Outcome(summary: lines, problems: problems)
     }
 
     static func nowMillis() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }

@@ -151,8 +151,13 @@ struct LocalFleet {
     }
 
     /// SIGTERM to every process, last started first, each given time to drain.
-    func stop() async {
-        for process in processes.reversed() { await process.stop(timeout: .seconds(30)) }
+    /// Stops every process, newest first (workers drain into a Kafka still there); returns
+    /// each one's exit status (SIGKILL after 30 s: -9).
+    @discardableResult
+    func stop() async -> [(process: SpawnedProcess, status: Int32)] {
+        var statuses: [(process: SpawnedProcess, status: Int32)] = []
+        for process in processes.reversed() { statuses.append((process, await process.stop(timeout: .seconds(30)))) }
+        return statuses
     }
 
     /// For error paths.
