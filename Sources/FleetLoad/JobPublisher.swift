@@ -56,7 +56,7 @@ public struct JobPublisher: Sendable {
                     outcome.failed("\(error)")
                 }
             }
-            try await producer.sendWaitingForSpace(message, onDelivery: onDelivery)
+            try await send(message, outcome: outcome, onDelivery: onDelivery)
             if ContinuousClock.now - lastProgress > .milliseconds(100) {
                 progress(index + 1)
                 lastProgress = .now
@@ -74,7 +74,7 @@ public struct JobPublisher: Sendable {
         let outcome = DeliveryCount()
         let started = ContinuousClock.now
         for (index, message) in messages.enumerated() {
-            try await producer.sendWaitingForSpace(message) { result in
+            try await send(message, outcome: outcome) { result in
                 switch result {
                 case .success: outcome.delivered()
                 case .failure(let error): outcome.failed("\(error)")
@@ -86,6 +86,20 @@ public struct JobPublisher: Sendable {
         try await producer.flush(timeout: .seconds(120))
         let counts = outcome.counts
         return Summary(published: counts.delivered, failed: counts.failed, firstError: counts.firstError, seconds: (ContinuousClock.now - started).seconds)
+    }
+
+    /// Hands one message to the producer. One it refuses at once (larger than
+    /// `message.max.bytes`, say) counts as failed and the rest go on: leaving here would skip
+    /// the flush, drop what was queued, and say nothing of how many went out.
+    private func send(
+        _ message: KafkaOutgoingMessage, outcome: DeliveryCount,
+        onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void
+    ) async throws {
+        do {
+            try await producer.sendWaitingForSpace(message, onDelivery: onDelivery)
+        } catch let error as KafkaError {
+            outcome.failed("\(error)")
+        }
     }
 }
 

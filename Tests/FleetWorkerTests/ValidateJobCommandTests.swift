@@ -174,6 +174,26 @@ struct PublishCommandInputTests {
         }
     }
 
+    @Test("a line Kafka's producer refuses at once (over message.max.bytes) fails alone: the rest is published and the counts are told")
+    func oversizeLineFailsAlone() async throws {
+        let binary = try apnsFleetBinary()
+        let kafka = try await KafkaDevProcess.start(binary: binary, partitions: 1)
+        defer { kafka.process.kill() }
+        let path = temporaryTestPath("apns-fleet-publish") + ".jsonl"
+        let token = String(repeating: "ab", count: 32)
+        let good = #"{"token":"\#(token)","payload":{}}"#
+        let huge = #"{"token":"\#(token)","payload":{"x":"\#(String(repeating: "x", count: 2_000_000))"}}"#
+        try [good, huge, good].joined(separator: "\n").write(toFile: path, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let command = ChildProcess("/bin/sh", ["-c", #"exec "$0" publish --brokers "$1" --no-validate --file "$2" 2>&1"#, binary, kafka.bootstrap, path])
+        try command.start()
+        command.closeInput()
+        let status = try await command.waitForExit(timeout: 60)
+        #expect(status == 1, "\(command.lines.value)")
+        #expect(command.lines.value.contains { $0.contains("published 2 jobs") }, "\(command.lines.value)")
+        #expect(command.lines.value.contains { $0.contains("1 jobs were not accepted by Kafka") }, "\(command.lines.value)")
+    }
+
     @Test("a librdkafka property it refuses is a configuration error: exit 2, naming the property")
     func refusedKafkaProperty() async throws {
         let command = ChildProcess("/bin/sh", [
