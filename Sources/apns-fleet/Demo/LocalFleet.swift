@@ -72,7 +72,7 @@ struct LocalFleet {
                 let kafka = try SpawnedProcess(
                     name: "kafka-dev",
                     arguments: ["kafka-dev", "--brokers", "1", "--partitions", "\(options.partitions)", "--bootstrap-file", file, "--no-stdin"]
-                        + topics.all.flatMap { ["--topic", $0] },
+                        + topics.all.reduce(into: [String]()) { if !$0.contains($1) { $0.append($1) } }.flatMap { ["--topic", $0] },
                     logPath: logPath("kafka-dev")
                 )
                 processes.append(kafka)
