@@ -40,7 +40,11 @@ public final class RunTally: Sendable {
         public var distinctTokenEvents = 0
         /// The tokens that got a token event.
         public var eventTokens: Set<String> = []
+        /// Jobs with a DLQ copy: distinct by the copy's source position when it names one, so
+        /// that a copy redelivered after a rebalance is not a second unusable job.
         public var deadLetters = 0
+        /// Every DLQ copy read, repeats included.
+        public var deadLetterCopies = 0
         /// Records the reader never saw: gaps in a partition's offsets. kafka-dev keeps about
         /// 5 MiB per partition, so a reader that falls further behind finds the oldest gone, and
         /// the run can then never complete.
@@ -64,6 +68,7 @@ public final class RunTally: Sendable {
         var eventKeys: Set<String> = []
         /// The next offset the reader expects, by partition.
         var nextOffsets: [TopicPartition: Int64] = [:]
+        var deadLetterSources: Set<String> = []
     }
 
     private let state = Mutex(State())
@@ -130,8 +135,13 @@ public final class RunTally: Sendable {
         "the result reader fell behind and \(count) records were gone before it read them (kafka-dev keeps about 5 MiB per partition and drops the oldest): lower --jobs or --rate"
     }
 
-    public func recordDeadLetter() {
-        state.withLock { $0.snapshot.deadLetters += 1 }
+    /// One DLQ copy; `source` is its job's source position (nil when it names none).
+    public func recordDeadLetter(source: String? = nil) {
+        state.withLock { state in
+            state.snapshot.deadLetterCopies += 1
+            if let source, !state.deadLetterSources.insert(source).inserted { return }
+            state.snapshot.deadLetters += 1
+        }
     }
 
     public var snapshot: Snapshot { state.withLock { $0.snapshot } }

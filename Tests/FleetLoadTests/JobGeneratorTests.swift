@@ -68,6 +68,16 @@ struct JobGeneratorTests {
         #expect((try? JobMix(parsing: "good=1000000,fanout=1000000"))?.description == "good=1000000,fanout=1000000")
     }
 
+    @Test("a DLQ copy read twice (redelivered after a rebalance) counts as one job; copies of two jobs as two")
+    func deadLettersDistinctBySource() {
+        let tally = RunTally(idPrefix: "t-")
+        tally.recordDeadLetter(source: "apns.jobs-0-7")
+        tally.recordDeadLetter(source: "apns.jobs-0-7")
+        tally.recordDeadLetter(source: "apns.jobs-1-3")
+        #expect(tally.snapshot.deadLetters == 2)
+        #expect(tally.snapshot.deadLetterCopies == 3)
+    }
+
     @Test("the tally counts records the reader never saw: gaps in a partition's offsets")
     func skippedRecords() {
         let tally = RunTally(idPrefix: "run")

@@ -83,7 +83,7 @@ struct DemoRun {
                                 tally.record(tokenEvent: event)
                             }
                         } else if Self.contains(record.value, marker) {
-                            tally.recordDeadLetter()
+                            tally.recordDeadLetter(source: (try? DeadLetterHeaders(headers: record.headers))?.source.derivedJobID)
                         }
                     }
                     reader.markFinished(batch)
@@ -188,7 +188,7 @@ struct DemoRun {
             lines.append("  " + key.replacingOccurrences(of: "/", with: " / ").padding(toLength: 40, withPad: " ", startingAt: 0) + g(count).leftPadded(9))
         }
         lines.append("")
-        lines.append("  dead-letter records     \(g(snapshot.deadLetters)) (unusable jobs: \(g(unusable)))")
+        lines.append("  dead-letter records     \(g(snapshot.deadLetters)) jobs\(snapshot.deadLetterCopies > snapshot.deadLetters ? " (\(g(snapshot.deadLetterCopies)) copies)" : "") (unusable jobs: \(g(unusable)))")
         lines.append("  token events            \(g(snapshot.distinctTokenEvents)) dead tokens, \(g(snapshot.tokenEvents)) events (tokens used: \(g(expectedEvents)))")
         lines.append("  throughput              \(g(Int(Double(snapshot.notificationsSeen) / max(elapsed, 0.001)))) notifications/s (publish start → last result, \(String(format: "%.1f", elapsed)) s)")
         lines.append("  latency job → result    p50 \(ms(0.5)), p99 \(ms(0.99)) (meta.published_at → result sent_at)")
