@@ -146,10 +146,7 @@ struct FleetBench {
                 }
                 try await Task.sleep(for: .milliseconds(20))
             }
-            let usages = try fleet.pushWorkers.map { worker in
-                guard let usage = ChildUsage.of(pid: worker.pid) else { throw CommandFailure("cannot read the CPU time and memory of \(worker.name) (pid \(worker.pid)) from /proc") }
-                return usage
-            }
+            let usages = try Self.usages(of: fleet.pushWorkers)
             let atEnd = try Self.read(fleet.pushWorkers, ports: fleet.pushWorkerAdminPorts)
             let added = atEnd?.added.map { total in afterWarmup?.added.map { total.subtracting($0) } ?? total }
             // Duplicates trail the last first result (a redelivered partition read later): give
@@ -257,11 +254,16 @@ struct FleetBench {
 
     /// Each worker's CPU time (user and system, every thread) so far.
     static func cpuSeconds(of workers: [SpawnedProcess]) throws -> [Double] {
+        try usages(of: workers).map(\.cpuSeconds)
+    }
+
+    /// Each worker's CPU time and memory; an error, not a silent 0, when one cannot be read.
+    static func usages(of workers: [SpawnedProcess]) throws -> [ChildUsage] {
         try workers.map { worker in
             guard let usage = ChildUsage.of(pid: worker.pid) else {
-                throw CommandFailure("cannot read the CPU time of \(worker.name) (pid \(worker.pid)) from /proc")
+                throw CommandFailure("cannot read the CPU time and memory of \(worker.name) (pid \(worker.pid)) from /proc")
             }
-            return usage.cpuSeconds
+            return usage
         }
     }
 }
